@@ -1,0 +1,151 @@
+"""orbax checkpoints of a training run, with a checksum so a damaged latest one is detected.
+
+One checkpoint per saved step holds three items: `params` and `opt_state` (sharded arrays,
+written asynchronously and atomically by orbax) and `meta` (JSON: step, RNG key data, the data
+iterator's state, compute counters, and a checksum of every array). Restoring tries the newest
+step first; if it fails to read or its checksums disagree, it warns, moves it aside and uses the
+previous one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from c2.train.optimizer import path_str
+
+log = logging.getLogger(__name__)
+
+_UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+    """A position-aware uint32 checksum of the array's bits (wrapping sums: sharding-invariant)."""
+    if x.dtype == jnp.bool_:
+        bits = x.astype(jnp.uint32)
+    else:
+        bits = jax.lax.bitcast_convert_type(x, _UINT[x.dtype.itemsize]).astype(jnp.uint32)
+    weight = jnp.ones(x.shape, jnp.uint32)
+    for axis, prime in zip(
+        range(x.ndim), (2654435761, 2246822519, 3266489917, 668265263, 374761393)
+    ):
+        iota = jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis)
+        weight = weight + iota * jnp.uint32(prime)
+    return jnp.sum(bits * weight, dtype=jnp.uint32)
+
+
+_leaf_checksum_jit = jax.jit(_leaf_checksum)
+
+
+def tree_checksums(tree) -> dict[str, int]:
+    """{path: checksum} for every array leaf of `tree` (one small jit per leaf: leaves may live
+    on different devices)."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    sums = jax.device_get([_leaf_checksum_jit(x) for _, x in flat])
+    return {path_str(p): int(np.asarray(v)) for (p, _), v in zip(flat, sums)}
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A checkpoint that cannot be read back as it was written."""
+
+
+class Checkpointer:
+    """Saves and restores a run's state under DIR/checkpoints (keep the newest `keep`)."""
+
+    def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+        self.directory = Path(directory).absolute()
+        self._options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            enable_async_checkpointing=async_save,
+            create=True,
+            cleanup_tmp_directories=True,
+        )
+        self._open()
+
+    def _open(self) -> None:
+        self._mngr = ocp.CheckpointManager(
+            self.directory, options=self._options, item_names=("params", "opt_state", "meta")
+        )
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, params, opt_state, meta: Mapping, *, force: bool = False) -> bool:
+        """Starts an async save of the state after `step` steps; `meta` must be JSON-able."""
+        meta = dict(meta) | {
+            "step": int(step),
+            "checksums": {"params": tree_checksums(params), "opt_state": tree_checksums(opt_state)},
+        }
+        return self._mngr.save(
+            step,
+            args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                meta=ocp.args.JsonSave(meta),
+            ),
+            force=force,
+        )
+
+    def _restore_step(self, step: int, abstract_params, abstract_opt_state):
+        items = {"meta": ocp.args.JsonRestore()}
+        if abstract_params is not None:
+            items["params"] = ocp.args.StandardRestore(abstract_params)
+        if abstract_opt_state is not None:
+            items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
+        try:
+            out = self._mngr.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:  # orbax/tensorstore raise many types for unreadable files
+            raise CorruptCheckpoint(f"step {step}: cannot be read ({type(e).__name__}: {e})") from e
+        meta = out["meta"]
+        if not isinstance(meta, Mapping) or meta.get("step") != step:
+            raise CorruptCheckpoint(f"step {step}: metadata missing or for another step")
+        for name in ("params", "opt_state"):
+            if name in items and tree_checksums(out[name]) != meta["checksums"][name]:
+                raise CorruptCheckpoint(f"step {step}: {name} do not match their checksums")
+        return out
+
+    def _set_aside(self, step: int) -> None:
+        """Moves a damaged step out of orbax's way, keeping it for inspection."""
+        src = self.directory / str(step)
+        dst = self.directory.parent / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.exists():
+            shutil.move(str(src), str(dst))
+        self._mngr.close()
+        self._open()
+
+    def restore_latest(self, abstract_params, abstract_opt_state=None, *, set_aside=True):
+        """(step, params, opt_state, meta) of the newest good checkpoint, or None if none is.
+
+        `abstract_*` are pytrees of jax.ShapeDtypeStruct with shardings; pass None for
+        `abstract_opt_state` to read the parameters only (a new stage starting from this one).
+        """
+        for step in reversed(self.all_steps()):
+            try:
+                out = self._restore_step(step, abstract_params, abstract_opt_state)
+            except CorruptCheckpoint as e:
+                log.warning("checkpoint %s is damaged (%s); falling back to an older one", step, e)
+                if set_aside:
+                    self._set_aside(step)
+                continue
+            return step, out.get("params"), out.get("opt_state"), out["meta"]
+        return None
+
+    def wait(self) -> None:
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()

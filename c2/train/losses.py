@@ -1,0 +1,88 @@
+"""Next-token cross-entropy, MTP self-distillation (RECIPE.md section 1) and bits per byte."""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+
+
+def token_nll_BT(logits_BTV: jax.Array, targets_BT: jax.Array) -> jax.Array:
+    """-log p(target) per position, in nats, computed in float32."""
+    chex.assert_equal_shape_prefix((logits_BTV, targets_BT), 2)
+    logp_BTV = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp_BTV, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def next_token_loss(
+    logits_BTV: jax.Array, targets_BT: jax.Array, loss_mask_BT: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Masked cross-entropy: (sum of nll / number of target tokens, nll sum, token count)."""
+    mask_BT = loss_mask_BT.astype(jnp.float32)
+    nll_sum = jnp.sum(token_nll_BT(logits_BTV, targets_BT) * mask_BT)
+    n_tokens = jnp.sum(mask_BT)
+    return nll_sum / jnp.maximum(n_tokens, 1.0), nll_sum, n_tokens
+
+
+def mtp_valid_BT(segment_ids_BT: jax.Array, loss_mask_BT: jax.Array, depth: int) -> jax.Array:
+    """Where the depth-`depth` MTP head at t has a teacher: the main head at t+depth.
+
+    Valid when t+depth is in the same (non-padding) document as t and the teacher's own target
+    (token t+depth+1) is a trained target. Shape [B, T-depth].
+    """
+    seg_now, seg_ahead = segment_ids_BT[:, :-depth], segment_ids_BT[:, depth:]
+    same_doc = (seg_now == seg_ahead) & (seg_now != 0)
+    return same_doc & (loss_mask_BT[:, depth:] > 0)
+
+
+def mtp_distillation(
+    mtp_logits_DBTV: jax.Array,
+    logits_BTV: jax.Array,
+    segment_ids_BT: jax.Array,
+    loss_mask_BT: jax.Array,
+    kind: str = "kl",
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """MTP self-distillation: the depth-d head at t matches the main head's distribution at t+d.
+
+    The main head at t+d predicts token t+d+1, the same token the depth-d MTP head at t predicts,
+    so its full distribution (stop-gradient) is the teacher. `kind` "kl" gives KL(teacher||mtp),
+    "ce" the cross-entropy (same gradient, offset by the teacher's entropy). Returns the loss
+    averaged over depths and per-depth metrics: distillation loss, acceptance (argmax agreement,
+    i.e. greedy speculative-decoding acceptance) and the number of valid positions.
+    """
+    D, B, T, V = mtp_logits_DBTV.shape
+    chex.assert_shape(logits_BTV, (B, T, V))
+    chex.assert_shape((segment_ids_BT, loss_mask_BT), (B, T))
+    if kind not in ("kl", "ce"):
+        raise ValueError(f"config.train.mtp_distill: expected 'kl' or 'ce', got {kind!r}")
+    teacher_logp_BTV = jax.nn.log_softmax(
+        jax.lax.stop_gradient(logits_BTV).astype(jnp.float32), axis=-1
+    )
+    losses, metrics = [], {}
+    for d in range(1, D + 1):
+        if d >= T:
+            raise ValueError(f"MTP depth {d} needs sequences longer than {T}")
+        valid_BT = mtp_valid_BT(segment_ids_BT, loss_mask_BT, d).astype(jnp.float32)
+        t_logp_BTV = teacher_logp_BTV[:, d:]
+        s_logits_BTV = mtp_logits_DBTV[d - 1, :, : T - d].astype(jnp.float32)
+        s_logp_BTV = jax.nn.log_softmax(s_logits_BTV, axis=-1)
+        t_p_BTV = jnp.exp(t_logp_BTV)
+        per_pos_BT = -jnp.sum(t_p_BTV * s_logp_BTV, axis=-1)
+        if kind == "kl":
+            per_pos_BT = per_pos_BT + jnp.sum(t_p_BTV * t_logp_BTV, axis=-1)
+        n_valid = jnp.sum(valid_BT)
+        loss_d = jnp.sum(per_pos_BT * valid_BT) / jnp.maximum(n_valid, 1.0)
+        agree_BT = jnp.argmax(s_logits_BTV, -1) == jnp.argmax(t_logp_BTV, -1)
+        accept_d = jnp.sum(agree_BT * valid_BT) / jnp.maximum(n_valid, 1.0)
+        losses.append(loss_d)
+        metrics[f"mtp{d}_loss"] = loss_d
+        metrics[f"mtp{d}_acceptance"] = accept_d
+        metrics[f"mtp{d}_positions"] = n_valid
+    return jnp.mean(jnp.stack(losses)), metrics
+
+
+def bits_per_byte(nll_sum_nats, n_bytes):
+    """Total nll in nats over the bytes those targets stand for, in bits per byte."""
+    return nll_sum_nats / (math.log(2.0) * jnp.maximum(n_bytes, 1))
