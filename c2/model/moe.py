@@ -1,0 +1,208 @@
+"""Mixture of experts: router (with router replay), dropless dispatch, expert parallelism.
+
+Router: DeepSeek-V3 sigmoid scores with a bias-corrected, group-limited top-k, or Qwen3 softmax
+top-k. `routing` (expert indices [T, k]) forces the selection (router replay); gates are still
+gathered from the live, unmasked scores so the router gets gradients.
+Dispatch: tokens sorted by expert, grouped matmuls (`jax.lax.ragged_dot`), scattered back and
+weighted by gates. With an `expert` mesh axis > 1 the experts are sharded and tokens travel by an
+all-to-all inside `jax.shard_map` (a padded exchange: XLA:CPU has no ragged_all_to_all).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from c2 import sharding
+from c2.model.config import ModelConfig
+from c2.model.layers import mlp
+
+
+# Router ---------------------------------------------------------------------------------------
+
+def router_scores(x_TH: jax.Array, p: dict, c: ModelConfig) -> jax.Array:
+    """Score function of the router logits, float32 [T, E]."""
+    logits = jnp.dot(x_TH.astype(jnp.float32), p["router"].astype(jnp.float32))
+    return jax.nn.sigmoid(logits) if c.score_func == "sigmoid" else jax.nn.softmax(logits, -1)
+
+
+def select_experts(scores_TE: jax.Array, bias_E: jax.Array | None, c: ModelConfig) -> jax.Array:
+    """Live top-k expert indices [T, k]; group-limited on bias-corrected scores (DeepSeek-V3)."""
+    s = jax.lax.stop_gradient(scores_TE)
+    if bias_E is not None:
+        s = s + bias_E.astype(jnp.float32)
+    if c.n_group > 1:
+        T, E = s.shape
+        grouped = s.reshape(T, c.n_group, E // c.n_group)
+        group_score = jax.lax.top_k(grouped, 2)[0].sum(-1)  # [T, n_group]
+        _, top_groups = jax.lax.top_k(group_score, c.topk_group)
+        keep = jnp.zeros((T, c.n_group), bool).at[jnp.arange(T)[:, None], top_groups].set(True)
+        s = jnp.where(jnp.repeat(keep, E // c.n_group, axis=1), s, -jnp.inf)
+    return jax.lax.top_k(s, c.n_experts_per_token)[1].astype(jnp.int32)
+
+
+def gate_weights(scores_TE: jax.Array, idx_TK: jax.Array, c: ModelConfig) -> jax.Array:
+    """Scores gathered at the chosen experts, optionally renormalised, times the routed scale."""
+    g = jnp.take_along_axis(scores_TE, idx_TK, axis=-1)
+    if c.norm_topk_prob:
+        eps = 1e-20 if c.score_func == "sigmoid" else 0.0
+        g = g / (g.sum(-1, keepdims=True) + eps)
+    return g * c.routed_scaling_factor
+
+
+def route(x_TH, p, c: ModelConfig, routing_TK=None):
+    """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32)."""
+    scores = router_scores(x_TH, p, c)
+    idx = select_experts(scores, p.get("router_bias"), c) if routing_TK is None else routing_TK
+    return idx.astype(jnp.int32), gate_weights(scores, idx, c), scores
+
+
+def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
+    """Switch-style load-balance loss E * sum_e f_e * P_e over valid tokens."""
+    E, K = c.n_experts, c.n_experts_per_token
+    w = valid_T.astype(jnp.float32)
+    n = jnp.maximum(w.sum(), 1.0)
+    frac = (jax.nn.one_hot(idx_TK, E).sum(1) * w[:, None]).sum(0) / (n * K)
+    probs = scores_TE / scores_TE.sum(-1, keepdims=True)
+    mean_prob = (probs * w[:, None]).sum(0) / n
+    return E * jnp.sum(jax.lax.stop_gradient(frac) * mean_prob)
+
+
+# Expert computation ---------------------------------------------------------------------------
+
+def _ragged(x, w, group_sizes, c: ModelConfig):
+    dtype = jnp.dtype(c.dtype)
+    if c.quant == "mxfp8":
+        from c2.quant import mxfp8
+
+        return mxfp8.mxfp8_ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
+                                      block_size=c.mxfp8_block_size)
+    return jax.lax.ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
+                              preferred_element_type=jnp.float32).astype(dtype)
+
+
+def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
+    """SwiGLU experts over rows sorted by expert: [N,H] -> [N,H]; rows past sum(sizes) give 0."""
+    h = jax.nn.silu(_ragged(x_NH, p["w_gate"], group_sizes_G, c))
+    h = h * _ragged(x_NH, p["w_up"], group_sizes_G, c)
+    return _ragged(h, p["w_down"], group_sizes_G, c)
+
+
+def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
+    """Dropless: sort (token, slot) pairs by expert, grouped matmuls, unsort, weight by gates."""
+    T, K = idx_TK.shape
+    flat = idx_TK.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
+    y = grouped_mlp(x_TH[order // K], p, sizes, c)
+    y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
+    return jnp.einsum("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def _dispatch_dense(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
+    """Every expert on every token, combined by a [T, E] gate matrix (tiny CPU runs only)."""
+    T = x_TH.shape[0]
+    combine = jnp.zeros((T, c.n_experts), jnp.float32).at[jnp.arange(T)[:, None], idx_TK].add(
+        gates_TK)
+    dtype = jnp.dtype(c.dtype)
+    x = x_TH.astype(dtype)
+    h = jax.nn.silu(jnp.einsum("th,ehi->tei", x, p["w_gate"].astype(dtype)))
+    h = h * jnp.einsum("th,ehi->tei", x, p["w_up"].astype(dtype))
+    y = jnp.einsum("tei,eih->teh", h, p["w_down"].astype(dtype))
+    return jnp.einsum("teh,te->th", y, combine.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int):
+    """Body of the shard_map: local tokens, local experts, padded all-to-all over `expert`.
+
+    Each (source, destination) pair gets a buffer of `capacity` rows: the worst case (dropless)
+    by default, or capacity_factor x the balanced load, in which case overflow rows are dropped
+    and counted.
+    """
+    T, K = idx_TK.shape
+    H = x_TH.shape[-1]
+    E_loc = p["w_gate"].shape[0]
+    flat = idx_TK.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    dest = flat[order] // E_loc  # destination shard of each sorted row
+    send = jnp.bincount(dest, length=ep)
+    start = jnp.cumsum(send) - send
+    slot = jnp.arange(T * K) - start[dest]  # row's place in its destination buffer
+    cap = T * K if c.expert_capacity_factor is None else max(
+        1, math.ceil(c.expert_capacity_factor * T * K / ep))
+    keep = slot < cap
+    slot_c = jnp.where(keep, slot, cap)  # overflow rows go to a scratch row that is cut off
+    buf = jnp.zeros((ep, cap + 1, H), x_TH.dtype).at[dest, slot_c].set(x_TH[order // K])[:, :cap]
+    eid = jnp.full((ep, cap + 1), E_loc, jnp.int32).at[dest, slot_c].set(flat[order] % E_loc)
+    eid = eid[:, :cap]
+    recv = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)  # [ep, cap, H] by source
+    recv_eid = jax.lax.all_to_all(eid, "expert", 0, 0, tiled=True)
+    r_flat, r_eid = recv.reshape(ep * cap, H), recv_eid.reshape(-1)
+    r_order = jnp.argsort(r_eid, stable=True)  # empty rows (id E_loc) sort last
+    sizes = jnp.bincount(r_eid, length=E_loc).astype(jnp.int32)
+    y = grouped_mlp(r_flat[r_order], p, sizes, c)
+    y = jnp.zeros_like(y).at[r_order].set(y).reshape(ep, cap, H)
+    back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
+    y_sorted = jnp.where(keep[:, None], back[dest, jnp.minimum(slot, cap - 1)], 0)
+    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
+    out = jnp.einsum("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype),
+                     preferred_element_type=jnp.float32)
+    dropped = jax.lax.psum(jnp.sum(~keep), (*sharding.BATCH_AXES, "context"))
+    return out, dropped
+
+
+def _ep_body(x_BTH, idx_BTK, gates_BTK, experts, c, ep):
+    B, T, H = x_BTH.shape
+    y, dropped = _dispatch_expert_parallel(
+        x_BTH.reshape(B * T, H), idx_BTK.reshape(B * T, -1), gates_BTK.reshape(B * T, -1),
+        experts, c, ep)
+    return y.reshape(B, T, H), dropped
+
+
+def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: Mesh | None = None):
+    """Routed experts (+ shared experts). Returns (y [B,T,H], stats dict)."""
+    B, T, H = x_BTH.shape
+    x_TH = x_BTH.reshape(B * T, H)
+    routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
+    idx, gates, scores = route(x_TH, p, c, routing)
+    ep = sharding.axis_size(mesh, "expert")
+    experts = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
+    dropped = jnp.zeros((), jnp.int32)
+    if c.moe_impl == "dense":
+        y = _dispatch_dense(x_TH, idx, gates, experts, c)
+    elif ep == 1:
+        y = _dispatch_local(x_TH, idx, gates, experts, c)
+    else:
+        tok = P(sharding.BATCH_AXES, "context", None)
+        fn = jax.shard_map(
+            lambda x, i, g, w: _ep_body(x, i, g, w, c, ep),
+            mesh=mesh,
+            in_specs=(tok, tok, tok, jax.tree.map(lambda _: P("expert"), experts)),
+            out_specs=(tok, P()), check_vma=False)
+        y, dropped = fn(x_BTH, idx.reshape(B, T, -1), gates.reshape(B, T, -1), experts)
+        y = y.reshape(B * T, H)
+    y = y.astype(x_BTH.dtype).reshape(B, T, H)
+    if "shared" in p:
+        y = y + mlp(x_BTH, p["shared"], c)
+    valid = (segment_ids_BT.reshape(-1) != 0)
+    load = jnp.zeros(c.n_experts, jnp.int32).at[idx].add(valid[:, None].astype(jnp.int32))
+    stats = {
+        "topk_idx": idx.reshape(B, T, -1),
+        "gates": gates.reshape(B, T, -1),
+        "expert_load": load,
+        "balance_loss": balance_loss(scores, idx, c, valid),
+        "dropped": dropped,
+    }
+    return y, stats
+
+
+def update_router_bias(bias_LE: jax.Array, load_LE: jax.Array, rate: float) -> jax.Array:
+    """Aux-loss-free balancing (DeepSeek-V3): raise under-loaded experts' bias, lower over-loaded."""
+    load = load_LE.astype(jnp.float32)
+    mean = load.mean(-1, keepdims=True)
+    return bias_LE + rate * jnp.sign(mean - load)

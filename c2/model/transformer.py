@@ -1,0 +1,185 @@
+"""The decoder: embeddings, stacked dense then MoE layers (scanned), head, MTP modules, decoding.
+
+`forward(params, tokens, cfg, *, positions, segment_ids, cache=None, routing=None)` returns float32
+logits [B, T, V] and an `aux` dict:
+  topk_idx [L_moe, B, T, k] int32, gates [L_moe, B, T, k], expert_load [L_moe, E] (tokens per
+  expert, padding excluded), balance_loss (summed over layers), dropped (expert-exchange
+  overflow, 0 when dropless), mtp_hidden [D, B, T, H] (when mtp_depth > 0 and no cache),
+  cache (when a cache was given).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from c2 import sharding
+from c2.model.attention import attention, init_layer_cache
+from c2.model.config import ModelConfig
+from c2.model.layers import linear, mlp, rms_norm
+from c2.model.moe import moe_block
+from c2.model.moe import update_router_bias as _bias_step
+
+
+def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routing=None,
+          cache=None):
+    """One pre-norm decoder layer: x + attn(norm(x)), then + mlp_or_moe(norm(x))."""
+    h, cache = attention(rms_norm(x, lp["attn_norm"], c.rms_norm_eps), lp["attn"], c, positions,
+                         segment_ids, mesh, cache)
+    x = x + h
+    hn = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
+    if moe:
+        y, stats = moe_block(hn, lp["mlp"], c, segment_ids, routing, mesh)
+    else:
+        y, stats = mlp(hn, lp["mlp"], c), None
+    x = sharding.constrain(x + y, mesh, ("batch", "seq", None))
+    return x, stats, cache
+
+
+def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache):
+    """Scan a stack of identical layers; routing and cache are sliced per layer."""
+
+    def body(x, xs):
+        lp, r, kv = xs
+        kv = None if kv is None else dict(kv, pos=cache["pos"])
+        x, stats, kv = block(x, lp, c, positions, segment_ids, mesh, moe, r, kv)
+        if kv is not None:
+            kv.pop("pos")
+        return x, (stats, kv)
+
+    if c.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    kv_stack = None if cache is None else {k: v for k, v in cache.items() if k != "pos"}
+    x, (stats, kv_stack) = jax.lax.scan(body, x, (layers, routing, kv_stack))
+    return x, stats, kv_stack
+
+
+def embed(params, tokens, c: ModelConfig):
+    return params["embed"].astype(jnp.dtype(c.dtype))[tokens]
+
+
+def lm_head(params, h, c: ModelConfig) -> jax.Array:
+    """Final logits in float32 from normed hidden states."""
+    w = params["embed"].T if c.tie_word_embeddings else params["lm_head"]
+    dtype = jnp.dtype(c.dtype)
+    return jnp.dot(h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _check_tokens(tokens, c: ModelConfig):
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int array [batch, seq], got {tokens.dtype}"
+                         f"{list(tokens.shape)}")
+
+
+def forward(params, tokens, cfg: ModelConfig, *, positions=None, segment_ids=None, cache=None,
+            routing=None, mesh: Mesh | None = None):
+    """Logits [B,T,V] float32 and aux (see module docstring). `routing` [L_moe,B,T,k] replays experts."""
+    c = cfg
+    _check_tokens(tokens, c)
+    B, T = tokens.shape
+    if positions is None:
+        start = cache["pos"][:, None] if cache is not None else 0
+        positions = start + jnp.arange(T, dtype=jnp.int32)[None]
+    positions = jnp.broadcast_to(positions, (B, T)).astype(jnp.int32)
+    if segment_ids is None:
+        segment_ids = jnp.ones((B, T), jnp.int32)
+    if routing is not None and routing.shape[:-1] != (c.n_moe_layers, B, T):
+        raise ValueError(f"routing has shape {routing.shape}; expected "
+                         f"[n_moe_layers={c.n_moe_layers}, {B}, {T}, k={c.n_experts_per_token}]")
+    if mesh is not None:
+        sharding.check_divisible(mesh, batch=B, seq=T if cache is None else None,
+                                 n_experts=c.n_experts)
+    x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
+    new_cache = None if cache is None else {"pos": cache["pos"]}
+    if c.first_k_dense:
+        x, _, kv = _scan_layers(x, params["dense_layers"], c, positions, segment_ids, mesh, False,
+                                None, None if cache is None else dict(cache["dense"],
+                                                                      pos=cache["pos"]))
+        if cache is not None:
+            new_cache["dense"] = kv
+    aux = {}
+    if c.n_moe_layers:
+        x, stats, kv = _scan_layers(x, params["moe_layers"], c, positions, segment_ids, mesh,
+                                    True, routing, None if cache is None else dict(
+                                        cache["moe"], pos=cache["pos"]))
+        if cache is not None:
+            new_cache["moe"] = kv
+        aux = {"topk_idx": stats["topk_idx"], "gates": stats["gates"],
+               "expert_load": stats["expert_load"], "balance_loss": stats["balance_loss"].sum(),
+               "dropped": stats["dropped"].sum()}
+    logits = lm_head(params, rms_norm(x, params["final_norm"], c.rms_norm_eps), c)
+    if c.mtp_depth and cache is None:
+        aux["mtp_hidden"] = _mtp(params, x, tokens, c, positions, segment_ids, mesh)
+    if cache is not None:
+        new_cache["pos"] = cache["pos"]
+        aux["cache"] = new_cache
+    return logits, aux
+
+
+# Multi-token prediction -------------------------------------------------------------------------
+
+def _mtp(params, h, tokens, c: ModelConfig, positions, segment_ids, mesh):
+    """DeepSeek-V3 MTP: depth d at position t sees h^{d-1}_t and the embedding of token t+d."""
+    outs = []
+    for d in range(c.mtp_depth):
+        mp = jax.tree.map(lambda a, d=d: a[d], params["mtp"])
+        nxt = jnp.pad(tokens[:, d + 1:], ((0, 0), (0, d + 1)))  # token t+d+1; tail masked by loss
+        e = rms_norm(embed(params, nxt, c), mp["enorm"], c.rms_norm_eps)
+        hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
+        h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c)
+        h, _, _ = block(h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0)
+        outs.append(h)
+    return jnp.stack(outs)
+
+
+def mtp_logits(params, aux, cfg: ModelConfig) -> jax.Array:
+    """[D,B,T,V]: depth d (0-based) at position t predicts token t + d + 2."""
+    norm = jax.vmap(lambda h, w: rms_norm(h, w, cfg.rms_norm_eps))(aux["mtp_hidden"],
+                                                                     params["mtp"]["norm"])
+    return lm_head(params, norm, cfg)
+
+
+def update_router_bias(params, aux, cfg: ModelConfig, rate: float):
+    """Aux-loss-free load balancing, applied after the optimiser step (not a gradient)."""
+    if "router_bias" not in params.get("moe_layers", {}).get("mlp", {}):
+        return params
+    mlp_p = params["moe_layers"]["mlp"]
+    new = dict(mlp_p, router_bias=_bias_step(mlp_p["router_bias"], aux["expert_load"], rate))
+    return dict(params, moe_layers=dict(params["moe_layers"], mlp=new))
+
+
+# Decoding ---------------------------------------------------------------------------------------
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
+    """Empty KV cache; `pos` [B] counts the tokens written per row."""
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    cache = {"pos": jnp.zeros((batch,), jnp.int32)}
+    if cfg.first_k_dense:
+        cache["dense"] = init_layer_cache(cfg, cfg.first_k_dense, batch, max_len, dtype)
+    if cfg.n_moe_layers:
+        cache["moe"] = init_layer_cache(cfg, cfg.n_moe_layers, batch, max_len, dtype)
+    return cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def prefill(params, tokens, cache, lengths, cfg: ModelConfig):
+    """Run prompts [B,T] (right-padded to T; real lengths [B]) into the cache at its positions.
+
+    Returns (logits [B,T,V], aux, cache) with cache.pos advanced by `lengths`.
+    """
+    logits, aux = forward(params, tokens, cfg, cache=cache)
+    new = aux.pop("cache")
+    new["pos"] = cache["pos"] + lengths.astype(jnp.int32)
+    return logits, aux, new
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+def decode_step(params, tokens, cache, cfg: ModelConfig):
+    """One token per row [B,1] -> (logits [B,1,V], aux, cache advanced by one)."""
+    logits, aux = forward(params, tokens, cfg, cache=cache)
+    new = aux.pop("cache")
+    new["pos"] = cache["pos"] + 1
+    return logits, aux, new
