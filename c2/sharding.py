@@ -39,8 +39,14 @@ RULES: Mapping[str, str | tuple[str, ...] | None] = {
 }
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, expert: int = 1, context: int = 1, tensor: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    data: int = 1,
+    fsdp: int = 1,
+    expert: int = 1,
+    context: int = 1,
+    tensor: int = 1,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
     """The c2 mesh; the product of the axis sizes must equal the number of devices used."""
     shape = (data, fsdp, expert, context, tensor)
     for name, size in zip(MESH_AXES, shape):
@@ -50,7 +56,8 @@ def make_mesh(data: int = 1, fsdp: int = 1, expert: int = 1, context: int = 1, t
     if math.prod(shape) != len(devices):
         sizes = ", ".join(f"{n}={s}" for n, s in zip(MESH_AXES, shape))
         raise ValueError(
-            f"mesh ({sizes}) has {math.prod(shape)} devices but {len(devices)} are available")
+            f"mesh ({sizes}) has {math.prod(shape)} devices but {len(devices)} are available"
+        )
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
@@ -95,8 +102,14 @@ def constrain(x: jax.Array, mesh: Mesh | None, axes: Sequence[str | None]) -> ja
     return jax.lax.with_sharding_constraint(x, named_sharding(mesh, axes))
 
 
-def check_divisible(mesh: Mesh | None, *, batch: int | None = None, seq: int | None = None,
-                    n_experts: int | None = None, n_heads: int | None = None) -> None:
+def check_divisible(
+    mesh: Mesh | None,
+    *,
+    batch: int | None = None,
+    seq: int | None = None,
+    n_experts: int | None = None,
+    n_heads: int | None = None,
+) -> None:
     """Fail before compiling, with the numbers, when the mesh does not divide the model."""
     if mesh is None:
         return
@@ -109,5 +122,7 @@ def check_divisible(mesh: Mesh | None, *, batch: int | None = None, seq: int | N
     for what, n, axes in checks:
         size = axis_size(mesh, axes)
         if n is not None and n % size:
-            raise ValueError(f"{what}={n} is not divisible by mesh axes {axes} of size {size} "
-                             f"(mesh {dict(mesh.shape)})")
+            raise ValueError(
+                f"{what}={n} is not divisible by mesh axes {axes} of size {size} "
+                f"(mesh {dict(mesh.shape)})"
+            )

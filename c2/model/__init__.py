@@ -29,7 +29,21 @@ def load_hf_checkpoint(path, *args, **kwargs):
 
 
 __all__ = [
-    "ModelConfig", "YarnConfig", "presets", "abstract_params", "count_params", "flops_per_token",
-    "init_params", "param_shardings", "param_specs", "decode_step", "forward", "init_cache",
-    "lm_head", "mtp_logits", "prefill", "update_router_bias", "load_hf_checkpoint",
+    "ModelConfig",
+    "YarnConfig",
+    "presets",
+    "abstract_params",
+    "count_params",
+    "flops_per_token",
+    "init_params",
+    "param_shardings",
+    "param_specs",
+    "decode_step",
+    "forward",
+    "init_cache",
+    "lm_head",
+    "mtp_logits",
+    "prefill",
+    "update_router_bias",
+    "load_hf_checkpoint",
 ]

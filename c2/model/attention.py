@@ -21,8 +21,9 @@ from c2.sharding import constrain
 NEG_INF = -1e30  # finite, so fully-masked rows (padding) give a uniform softmax, not NaN
 
 
-def attention_mask(q_seg: jax.Array, k_seg: jax.Array, q_idx: jax.Array, k_idx: jax.Array
-                   ) -> jax.Array:
+def attention_mask(
+    q_seg: jax.Array, k_seg: jax.Array, q_idx: jax.Array, k_idx: jax.Array
+) -> jax.Array:
     """[B, T, S] True where query t may attend key s: same document and not in the future."""
     same = q_seg[:, :, None] == k_seg[:, None, :]
     causal = k_idx[:, None, :] <= q_idx[:, :, None]
@@ -43,8 +44,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
 
 def _write_cache(buf: jax.Array, new: jax.Array, pos: jax.Array) -> jax.Array:
     """Write new [B, T, ...] into buf [B, S, ...] at row-wise offsets pos [B]."""
+
     def one(b, n, p):
         return jax.lax.dynamic_update_slice_in_dim(b, n.astype(b.dtype), p, axis=0)
+
     return jax.vmap(one)(buf, new, pos)
 
 
@@ -56,12 +59,13 @@ def _cache_mask(pos: jax.Array, T: int, S: int) -> jax.Array:
 
 # MLA ------------------------------------------------------------------------------------------
 
+
 def _mla_q(x, p, c):
     if c.q_lora_rank:
         q = linear(rms_norm(linear(x, p["wq_a"], c), p["q_norm"], c.rms_norm_eps), p["wq_b"], c)
     else:
         q = linear(x, p["wq"], c)
-    return q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim:]
+    return q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
 
 
 def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
@@ -71,17 +75,21 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     q_rope = apply_rope(q_rope, cos, sin, c.rope_interleave)
     kv_a = linear(x, p["wkv_a"], c)
     latent = rms_norm(kv_a[..., : c.kv_lora_rank], p["kv_norm"], c.rms_norm_eps)  # [B,T,r]
-    k_rope = apply_rope(kv_a[..., None, c.kv_lora_rank:], cos, sin, c.rope_interleave)[:, :, 0]
+    k_rope = apply_rope(kv_a[..., None, c.kv_lora_rank :], cos, sin, c.rope_interleave)[:, :, 0]
     scale = softmax_scale(c)
     w_uk = p["wkv_b"][..., : c.qk_nope_head_dim].astype(x.dtype)  # [r, N, nope]
-    w_uv = p["wkv_b"][..., c.qk_nope_head_dim:].astype(x.dtype)  # [r, N, v]
+    w_uv = p["wkv_b"][..., c.qk_nope_head_dim :].astype(x.dtype)  # [r, N, v]
 
     if cache is None:
         kv = linear(latent, p["wkv_b"], c)  # [B,T,N,nope+v]
         k = jnp.concatenate(
-            [kv[..., : c.qk_nope_head_dim],
-             jnp.broadcast_to(k_rope[:, :, None], (*kv.shape[:3], c.qk_rope_head_dim))], -1)
-        v = kv[..., c.qk_nope_head_dim:]
+            [
+                kv[..., : c.qk_nope_head_dim],
+                jnp.broadcast_to(k_rope[:, :, None], (*kv.shape[:3], c.qk_rope_head_dim)),
+            ],
+            -1,
+        )
+        v = kv[..., c.qk_nope_head_dim :]
         q = jnp.concatenate([q_nope, q_rope], -1)
         q = constrain(q, mesh, ("batch", "seq", "heads", None))
         k = constrain(k, mesh, ("batch", None, "heads", None))  # all-gather over context
@@ -93,23 +101,29 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         return linear(o, p["wo"], c, n_in=2), None
 
     pos = cache["pos"]
-    cache = dict(cache, latent=_write_cache(cache["latent"], latent, pos),
-                 k_rope=_write_cache(cache["k_rope"], k_rope, pos))
+    cache = dict(
+        cache,
+        latent=_write_cache(cache["latent"], latent, pos),
+        k_rope=_write_cache(cache["k_rope"], k_rope, pos),
+    )
     lat, kr = cache["latent"].astype(x.dtype), cache["k_rope"].astype(x.dtype)
     q_lat = jnp.einsum("btnd,rnd->btnr", q_nope, w_uk, preferred_element_type=jnp.float32)
-    s = (jnp.einsum("btnr,bsr->bnts", q_lat.astype(x.dtype), lat,
-                    preferred_element_type=jnp.float32)
-         + jnp.einsum("btnd,bsd->bnts", q_rope, kr, preferred_element_type=jnp.float32)) * scale
+    s = (
+        jnp.einsum("btnr,bsr->bnts", q_lat.astype(x.dtype), lat, preferred_element_type=jnp.float32)
+        + jnp.einsum("btnd,bsd->bnts", q_rope, kr, preferred_element_type=jnp.float32)
+    ) * scale
     mask = _cache_mask(pos, x.shape[1], lat.shape[1])
     s = jnp.where(mask[:, None], s, NEG_INF)
     prob = jax.nn.softmax(s, axis=-1).astype(x.dtype)
     o_lat = jnp.einsum("bnts,bsr->btnr", prob, lat, preferred_element_type=jnp.float32)
-    o = jnp.einsum("btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv,
-                   preferred_element_type=jnp.float32).astype(x.dtype)
+    o = jnp.einsum(
+        "btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv, preferred_element_type=jnp.float32
+    ).astype(x.dtype)
     return linear(o, p["wo"], c, n_in=2), cache
 
 
 # GQA ------------------------------------------------------------------------------------------
+
 
 def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
     """Grouped-query attention with per-head RMSNorm on q and k (Qwen3)."""
@@ -143,7 +157,9 @@ def attention(x, p, c: ModelConfig, positions, segment_ids, mesh=None, cache=Non
 def init_layer_cache(c: ModelConfig, n_layers: int, batch: int, max_len: int, dtype) -> dict:
     """Per-layer-group cache arrays, stacked on a leading layer axis."""
     if c.is_mla:
-        return {"latent": jnp.zeros((n_layers, batch, max_len, c.kv_lora_rank), dtype),
-                "k_rope": jnp.zeros((n_layers, batch, max_len, c.qk_rope_head_dim), dtype)}
+        return {
+            "latent": jnp.zeros((n_layers, batch, max_len, c.kv_lora_rank), dtype),
+            "k_rope": jnp.zeros((n_layers, batch, max_len, c.qk_rope_head_dim), dtype),
+        }
     shape = (n_layers, batch, max_len, c.n_kv_heads, c.head_dim)
     return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}

@@ -14,7 +14,7 @@ FAMILIES = ("deepseek_v3", "qwen3_moe")
 
 @dataclasses.dataclass(frozen=True)
 class YarnConfig:
-    """YaRN RoPE scaling (https://arxiv.org/abs/2309.00071), as DeepSeek-V3 and transformers define it."""
+    """YaRN RoPE scaling (arXiv:2309.00071) as DeepSeek-V3 and transformers define it."""
 
     factor: float
     original_max_position_embeddings: int
@@ -110,33 +110,58 @@ def _validate(c: ModelConfig) -> None:
     need(c.family in FAMILIES, "family", c.family, f"one of {FAMILIES}")
     for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_experts", "n_experts_per_token"):
         need(getattr(c, f) > 0, f, getattr(c, f), "> 0")
-    need(0 <= c.first_k_dense <= c.n_layers, "first_k_dense", c.first_k_dense,
-         f"in [0, n_layers={c.n_layers}]")
-    need(c.n_experts_per_token <= c.n_experts, "n_experts_per_token", c.n_experts_per_token,
-         f"<= n_experts={c.n_experts}")
+    need(
+        0 <= c.first_k_dense <= c.n_layers,
+        "first_k_dense",
+        c.first_k_dense,
+        f"in [0, n_layers={c.n_layers}]",
+    )
+    need(
+        c.n_experts_per_token <= c.n_experts,
+        "n_experts_per_token",
+        c.n_experts_per_token,
+        f"<= n_experts={c.n_experts}",
+    )
     need(c.score_func in ("sigmoid", "softmax"), "score_func", c.score_func, "sigmoid or softmax")
-    need(c.n_experts % c.n_group == 0, "n_group", c.n_group,
-         f"a divisor of n_experts={c.n_experts}")
+    need(
+        c.n_experts % c.n_group == 0, "n_group", c.n_group, f"a divisor of n_experts={c.n_experts}"
+    )
     need(1 <= c.topk_group <= c.n_group, "topk_group", c.topk_group, f"in [1, n_group={c.n_group}]")
     if c.n_group > 1:
         # Group scores sum each group's top-2 experts, and enough groups must hold k experts.
         need(c.n_experts // c.n_group >= 2, "n_group", c.n_group, "groups of at least 2 experts")
-        need(c.topk_group * (c.n_experts // c.n_group) >= c.n_experts_per_token, "topk_group",
-             c.topk_group, "enough groups to hold n_experts_per_token experts")
+        need(
+            c.topk_group * (c.n_experts // c.n_group) >= c.n_experts_per_token,
+            "topk_group",
+            c.topk_group,
+            "enough groups to hold n_experts_per_token experts",
+        )
     if c.is_mla:
         for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             need(getattr(c, f) > 0, f, getattr(c, f), "> 0 for MLA (family deepseek_v3)")
         need(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", c.qk_rope_head_dim, "even")
     else:
         need(c.head_dim > 0 and c.head_dim % 2 == 0, "head_dim", c.head_dim, "even and > 0")
-        need(c.n_kv_heads > 0 and c.n_heads % c.n_kv_heads == 0, "n_kv_heads", c.n_kv_heads,
-             f"a divisor of n_heads={c.n_heads}")
+        need(
+            c.n_kv_heads > 0 and c.n_heads % c.n_kv_heads == 0,
+            "n_kv_heads",
+            c.n_kv_heads,
+            f"a divisor of n_heads={c.n_heads}",
+        )
     need(c.quant in ("bf16", "mxfp8"), "quant", c.quant, "bf16 or mxfp8")
     need(c.mxfp8_block_size in (16, 32), "mxfp8_block_size", c.mxfp8_block_size, "16 or 32")
     need(c.moe_impl in ("ragged", "dense"), "moe_impl", c.moe_impl, "ragged or dense")
-    need(c.dtype in ("bfloat16", "float32", "float16"), "dtype", c.dtype, "bfloat16/float32/float16")
-    need(c.param_dtype in ("bfloat16", "float32"), "param_dtype", c.param_dtype,
-         "bfloat16 or float32")
+    need(c.dtype in ("bfloat16", "float32", "float16"), "dtype", c.dtype, "bf16/fp32/fp16")
+    need(
+        c.param_dtype in ("bfloat16", "float32"),
+        "param_dtype",
+        c.param_dtype,
+        "bfloat16 or float32",
+    )
     need(c.mtp_depth >= 0, "mtp_depth", c.mtp_depth, ">= 0")
-    need(c.expert_capacity_factor is None or c.expert_capacity_factor > 0,
-         "expert_capacity_factor", c.expert_capacity_factor, "None (dropless) or > 0")
+    need(
+        c.expert_capacity_factor is None or c.expert_capacity_factor > 0,
+        "expert_capacity_factor",
+        c.expert_capacity_factor,
+        "None (dropless) or > 0",
+    )

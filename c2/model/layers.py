@@ -20,6 +20,7 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 
 # RoPE -----------------------------------------------------------------------------------------
 
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -33,8 +34,11 @@ def rope_frequencies(dim: int, theta: float, yarn: YarnConfig | None) -> tuple[n
     f = yarn.factor
 
     def correction_dim(n_rot: float) -> float:
-        return dim * math.log(yarn.original_max_position_embeddings / (n_rot * 2 * math.pi)) / (
-            2 * math.log(theta))
+        return (
+            dim
+            * math.log(yarn.original_max_position_embeddings / (n_rot * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low, high = correction_dim(yarn.beta_fast), correction_dim(yarn.beta_slow)
     if yarn.truncate:
@@ -54,7 +58,7 @@ def rope_frequencies(dim: int, theta: float, yarn: YarnConfig | None) -> tuple[n
 
 def softmax_scale(c: ModelConfig) -> float:
     """1/sqrt(d_qk), times YaRN's mscale_all_dim correction squared for MLA (DeepSeek-V3)."""
-    scale = c.qk_head_dim ** -0.5
+    scale = c.qk_head_dim**-0.5
     y = c.rope_scaling
     if c.is_mla and y is not None and y.mscale_all_dim:
         scale *= _yarn_mscale(y.factor, y.mscale_all_dim) ** 2
@@ -86,15 +90,16 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, interleave: bool) -
 
 # Projections ----------------------------------------------------------------------------------
 
+
 def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Array:
-    """Contract x's last n_in axes with w's first n_in axes: [..., *in] x [*in, *out] -> [..., *out].
+    """Contract x's last n_in axes with w's first: [..., *in] x [*in, *out] -> [..., *out].
 
     Computed in the config's dtype with float32 accumulation; with `quant="mxfp8"` all three
     GEMMs of the layer run in MXFP8 (c2.quant.mxfp8).
     """
     dtype = jnp.dtype(c.dtype)
     in_shape, out_shape = w.shape[:n_in], w.shape[n_in:]
-    assert x.shape[x.ndim - n_in:] == in_shape, (x.shape, w.shape, n_in)
+    assert x.shape[x.ndim - n_in :] == in_shape, (x.shape, w.shape, n_in)
     lead = x.shape[: x.ndim - n_in]
     x2 = x.reshape(*lead, math.prod(in_shape)).astype(dtype)
     w2 = w.reshape(math.prod(in_shape), math.prod(out_shape)).astype(dtype)

@@ -21,8 +21,8 @@ from c2 import sharding
 from c2.model.config import ModelConfig
 from c2.model.layers import mlp
 
-
 # Router ---------------------------------------------------------------------------------------
+
 
 def router_scores(x_TH: jax.Array, p: dict, c: ModelConfig) -> jax.Array:
     """Score function of the router logits, float32 [T, E]."""
@@ -74,15 +74,18 @@ def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
 
 # Expert computation ---------------------------------------------------------------------------
 
+
 def _ragged(x, w, group_sizes, c: ModelConfig):
     dtype = jnp.dtype(c.dtype)
     if c.quant == "mxfp8":
         from c2.quant import mxfp8
 
-        return mxfp8.mxfp8_ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
-                                      block_size=c.mxfp8_block_size)
-    return jax.lax.ragged_dot(x.astype(dtype), w.astype(dtype), group_sizes,
-                              preferred_element_type=jnp.float32).astype(dtype)
+        return mxfp8.mxfp8_ragged_dot(
+            x.astype(dtype), w.astype(dtype), group_sizes, block_size=c.mxfp8_block_size
+        )
+    return jax.lax.ragged_dot(
+        x.astype(dtype), w.astype(dtype), group_sizes, preferred_element_type=jnp.float32
+    ).astype(dtype)
 
 
 def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
@@ -100,15 +103,17 @@ def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
     y = grouped_mlp(x_TH[order // K], p, sizes, c)
     y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
-    return jnp.einsum("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype),
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+        "tkh,tk->th", y_TKH, gates_TK.astype(y.dtype), preferred_element_type=jnp.float32
+    )
 
 
 def _dispatch_dense(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     """Every expert on every token, combined by a [T, E] gate matrix (tiny CPU runs only)."""
     T = x_TH.shape[0]
-    combine = jnp.zeros((T, c.n_experts), jnp.float32).at[jnp.arange(T)[:, None], idx_TK].add(
-        gates_TK)
+    combine = (
+        jnp.zeros((T, c.n_experts), jnp.float32).at[jnp.arange(T)[:, None], idx_TK].add(gates_TK)
+    )
     dtype = jnp.dtype(c.dtype)
     x = x_TH.astype(dtype)
     h = jax.nn.silu(jnp.einsum("th,ehi->tei", x, p["w_gate"].astype(dtype)))
@@ -133,8 +138,11 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
     send = jnp.bincount(dest, length=ep)
     start = jnp.cumsum(send) - send
     slot = jnp.arange(T * K) - start[dest]  # row's place in its destination buffer
-    cap = T * K if c.expert_capacity_factor is None else max(
-        1, math.ceil(c.expert_capacity_factor * T * K / ep))
+    cap = (
+        T * K
+        if c.expert_capacity_factor is None
+        else max(1, math.ceil(c.expert_capacity_factor * T * K / ep))
+    )
     keep = slot < cap
     slot_c = jnp.where(keep, slot, cap)  # overflow rows go to a scratch row that is cut off
     buf = jnp.zeros((ep, cap + 1, H), x_TH.dtype).at[dest, slot_c].set(x_TH[order // K])[:, :cap]
@@ -150,8 +158,9 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
     back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
     y_sorted = jnp.where(keep[:, None], back[dest, jnp.minimum(slot, cap - 1)], 0)
     y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
-    out = jnp.einsum("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype),
-                     preferred_element_type=jnp.float32)
+    out = jnp.einsum(
+        "tkh,tk->th", y_TKH, gates_TK.astype(y.dtype), preferred_element_type=jnp.float32
+    )
     dropped = jax.lax.psum(jnp.sum(~keep), (*sharding.BATCH_AXES, "context"))
     return out, dropped
 
@@ -159,8 +168,13 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
 def _ep_body(x_BTH, idx_BTK, gates_BTK, experts, c, ep):
     B, T, H = x_BTH.shape
     y, dropped = _dispatch_expert_parallel(
-        x_BTH.reshape(B * T, H), idx_BTK.reshape(B * T, -1), gates_BTK.reshape(B * T, -1),
-        experts, c, ep)
+        x_BTH.reshape(B * T, H),
+        idx_BTK.reshape(B * T, -1),
+        gates_BTK.reshape(B * T, -1),
+        experts,
+        c,
+        ep,
+    )
     return y.reshape(B, T, H), dropped
 
 
@@ -183,13 +197,15 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
             lambda x, i, g, w: _ep_body(x, i, g, w, c, ep),
             mesh=mesh,
             in_specs=(tok, tok, tok, jax.tree.map(lambda _: P("expert"), experts)),
-            out_specs=(tok, P()), check_vma=False)
+            out_specs=(tok, P()),
+            check_vma=False,
+        )
         y, dropped = fn(x_BTH, idx.reshape(B, T, -1), gates.reshape(B, T, -1), experts)
         y = y.reshape(B * T, H)
     y = y.astype(x_BTH.dtype).reshape(B, T, H)
     if "shared" in p:
         y = y + mlp(x_BTH, p["shared"], c)
-    valid = (segment_ids_BT.reshape(-1) != 0)
+    valid = segment_ids_BT.reshape(-1) != 0
     load = jnp.zeros(c.n_experts, jnp.int32).at[idx].add(valid[:, None].astype(jnp.int32))
     stats = {
         "topk_idx": idx.reshape(B, T, -1),
@@ -202,7 +218,7 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
 
 
 def update_router_bias(bias_LE: jax.Array, load_LE: jax.Array, rate: float) -> jax.Array:
-    """Aux-loss-free balancing (DeepSeek-V3): raise under-loaded experts' bias, lower over-loaded."""
+    """Aux-loss-free balancing (DeepSeek-V3): raise under-loaded experts' bias, lower others."""
     load = load_LE.astype(jnp.float32)
     mean = load.mean(-1, keepdims=True)
     return bias_LE + rate * jnp.sign(mean - load)

@@ -24,7 +24,9 @@ INIT_STD = 0.02  # transformers' initializer_range for both families
 
 
 def normal(std: float = INIT_STD) -> Init:
-    return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+    return lambda key, shape, dtype: (std * jax.random.normal(key, shape, jnp.float32)).astype(
+        dtype
+    )
 
 
 def constant(value: float) -> Init:
@@ -46,7 +48,9 @@ def _stack(tree: dict, n: int) -> dict:
     """Prefix every spec with a `layers` axis of size n."""
     return jax.tree.map(
         lambda s: dataclasses.replace(s, shape=(n, *s.shape), axes=("layers", *s.axes)),
-        tree, is_leaf=lambda x: isinstance(x, ParamSpec))
+        tree,
+        is_leaf=lambda x: isinstance(x, ParamSpec),
+    )
 
 
 def _norm(d: int) -> ParamSpec:
@@ -59,8 +63,9 @@ def attention_specs(c: ModelConfig) -> dict:
         p = {
             "wkv_a": ParamSpec((H, c.kv_lora_rank + c.qk_rope_head_dim), ("embed", None)),
             "kv_norm": _norm(c.kv_lora_rank),
-            "wkv_b": ParamSpec((c.kv_lora_rank, N, c.qk_nope_head_dim + c.v_head_dim),
-                               ("kv_lora", "heads", None)),
+            "wkv_b": ParamSpec(
+                (c.kv_lora_rank, N, c.qk_nope_head_dim + c.v_head_dim), ("kv_lora", "heads", None)
+            ),
             "wo": ParamSpec((N, c.v_head_dim, H), ("heads", None, "embed")),
         }
         if c.q_lora_rank:
@@ -145,8 +150,11 @@ def _is_spec(x) -> bool:
 
 def abstract_params(c: ModelConfig) -> dict:
     """`jax.ShapeDtypeStruct` tree: plan with it (memory, counts) without allocating anything."""
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype or c.param_dtype)),
-                        param_specs(c), is_leaf=_is_spec)
+    return jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.dtype(s.dtype or c.param_dtype)),
+        param_specs(c),
+        is_leaf=_is_spec,
+    )
 
 
 def param_axes(c: ModelConfig) -> dict:
@@ -154,12 +162,14 @@ def param_axes(c: ModelConfig) -> dict:
 
 
 def param_shardings(c: ModelConfig, mesh: Mesh, rules=sharding.RULES) -> dict:
-    return jax.tree.map(lambda s: sharding.named_sharding(mesh, s.axes, rules), param_specs(c),
-                        is_leaf=_is_spec)
+    return jax.tree.map(
+        lambda s: sharding.named_sharding(mesh, s.axes, rules), param_specs(c), is_leaf=_is_spec
+    )
 
 
-def init_params(c: ModelConfig, rng: jax.Array, mesh: Mesh | None = None,
-                rules=sharding.RULES) -> dict:
+def init_params(
+    c: ModelConfig, rng: jax.Array, mesh: Mesh | None = None, rules=sharding.RULES
+) -> dict:
     """One jitted init; with a mesh every array is created directly in its shards."""
     specs = param_specs(c)
     paths_specs, treedef = jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)
@@ -178,6 +188,7 @@ def init_params(c: ModelConfig, rng: jax.Array, mesh: Mesh | None = None,
 
 
 # Accounting ----------------------------------------------------------------------------------
+
 
 def _count(tree) -> int:
     return sum(math.prod(s.shape) for s in jax.tree.leaves(tree, is_leaf=_is_spec))

@@ -24,11 +24,17 @@ from c2.model.moe import moe_block
 from c2.model.moe import update_router_bias as _bias_step
 
 
-def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routing=None,
-          cache=None):
+def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routing=None, cache=None):
     """One pre-norm decoder layer: x + attn(norm(x)), then + mlp_or_moe(norm(x))."""
-    h, cache = attention(rms_norm(x, lp["attn_norm"], c.rms_norm_eps), lp["attn"], c, positions,
-                         segment_ids, mesh, cache)
+    h, cache = attention(
+        rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
+        lp["attn"],
+        c,
+        positions,
+        segment_ids,
+        mesh,
+        cache,
+    )
     x = x + h
     hn = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
     if moe:
@@ -70,13 +76,23 @@ def lm_head(params, h, c: ModelConfig) -> jax.Array:
 
 def _check_tokens(tokens, c: ModelConfig):
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an int array [batch, seq], got {tokens.dtype}"
-                         f"{list(tokens.shape)}")
+        raise ValueError(
+            f"tokens must be an int array [batch, seq], got {tokens.dtype}{list(tokens.shape)}"
+        )
 
 
-def forward(params, tokens, cfg: ModelConfig, *, positions=None, segment_ids=None, cache=None,
-            routing=None, mesh: Mesh | None = None):
-    """Logits [B,T,V] float32 and aux (see module docstring). `routing` [L_moe,B,T,k] replays experts."""
+def forward(
+    params,
+    tokens,
+    cfg: ModelConfig,
+    *,
+    positions=None,
+    segment_ids=None,
+    cache=None,
+    routing=None,
+    mesh: Mesh | None = None,
+):
+    """Logits [B,T,V] float32 and aux (see module doc); `routing` [L_moe,B,T,k] replays experts."""
     c = cfg
     _check_tokens(tokens, c)
     B, T = tokens.shape
@@ -87,29 +103,52 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, segment_ids=Non
     if segment_ids is None:
         segment_ids = jnp.ones((B, T), jnp.int32)
     if routing is not None and routing.shape[:-1] != (c.n_moe_layers, B, T):
-        raise ValueError(f"routing has shape {routing.shape}; expected "
-                         f"[n_moe_layers={c.n_moe_layers}, {B}, {T}, k={c.n_experts_per_token}]")
+        raise ValueError(
+            f"routing has shape {routing.shape}; expected "
+            f"[n_moe_layers={c.n_moe_layers}, {B}, {T}, k={c.n_experts_per_token}]"
+        )
     if mesh is not None:
-        sharding.check_divisible(mesh, batch=B, seq=T if cache is None else None,
-                                 n_experts=c.n_experts)
+        sharding.check_divisible(
+            mesh, batch=B, seq=T if cache is None else None, n_experts=c.n_experts
+        )
     x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
     new_cache = None if cache is None else {"pos": cache["pos"]}
     if c.first_k_dense:
-        x, _, kv = _scan_layers(x, params["dense_layers"], c, positions, segment_ids, mesh, False,
-                                None, None if cache is None else dict(cache["dense"],
-                                                                      pos=cache["pos"]))
+        x, _, kv = _scan_layers(
+            x,
+            params["dense_layers"],
+            c,
+            positions,
+            segment_ids,
+            mesh,
+            False,
+            None,
+            None if cache is None else dict(cache["dense"], pos=cache["pos"]),
+        )
         if cache is not None:
             new_cache["dense"] = kv
     aux = {}
     if c.n_moe_layers:
-        x, stats, kv = _scan_layers(x, params["moe_layers"], c, positions, segment_ids, mesh,
-                                    True, routing, None if cache is None else dict(
-                                        cache["moe"], pos=cache["pos"]))
+        x, stats, kv = _scan_layers(
+            x,
+            params["moe_layers"],
+            c,
+            positions,
+            segment_ids,
+            mesh,
+            True,
+            routing,
+            None if cache is None else dict(cache["moe"], pos=cache["pos"]),
+        )
         if cache is not None:
             new_cache["moe"] = kv
-        aux = {"topk_idx": stats["topk_idx"], "gates": stats["gates"],
-               "expert_load": stats["expert_load"], "balance_loss": stats["balance_loss"].sum(),
-               "dropped": stats["dropped"].sum()}
+        aux = {
+            "topk_idx": stats["topk_idx"],
+            "gates": stats["gates"],
+            "expert_load": stats["expert_load"],
+            "balance_loss": stats["balance_loss"].sum(),
+            "dropped": stats["dropped"].sum(),
+        }
     logits = lm_head(params, rms_norm(x, params["final_norm"], c.rms_norm_eps), c)
     if c.mtp_depth and cache is None:
         aux["mtp_hidden"] = _mtp(params, x, tokens, c, positions, segment_ids, mesh)
@@ -121,12 +160,13 @@ def forward(params, tokens, cfg: ModelConfig, *, positions=None, segment_ids=Non
 
 # Multi-token prediction -------------------------------------------------------------------------
 
+
 def _mtp(params, h, tokens, c: ModelConfig, positions, segment_ids, mesh):
     """DeepSeek-V3 MTP: depth d at position t sees h^{d-1}_t and the embedding of token t+d."""
     outs = []
     for d in range(c.mtp_depth):
         mp = jax.tree.map(lambda a, d=d: a[d], params["mtp"])
-        nxt = jnp.pad(tokens[:, d + 1:], ((0, 0), (0, d + 1)))  # token t+d+1; tail masked by loss
+        nxt = jnp.pad(tokens[:, d + 1 :], ((0, 0), (0, d + 1)))  # token t+d+1; tail masked by loss
         e = rms_norm(embed(params, nxt, c), mp["enorm"], c.rms_norm_eps)
         hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
         h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c)
@@ -137,8 +177,9 @@ def _mtp(params, h, tokens, c: ModelConfig, positions, segment_ids, mesh):
 
 def mtp_logits(params, aux, cfg: ModelConfig) -> jax.Array:
     """[D,B,T,V]: depth d (0-based) at position t predicts token t + d + 2."""
-    norm = jax.vmap(lambda h, w: rms_norm(h, w, cfg.rms_norm_eps))(aux["mtp_hidden"],
-                                                                     params["mtp"]["norm"])
+    norm = jax.vmap(lambda h, w: rms_norm(h, w, cfg.rms_norm_eps))(
+        aux["mtp_hidden"], params["mtp"]["norm"]
+    )
     return lm_head(params, norm, cfg)
 
 
@@ -152,6 +193,7 @@ def update_router_bias(params, aux, cfg: ModelConfig, rate: float):
 
 
 # Decoding ---------------------------------------------------------------------------------------
+
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     """Empty KV cache; `pos` [B] counts the tokens written per row."""
