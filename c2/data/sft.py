@@ -1,0 +1,215 @@
+"""SFT data (recipe section 1.3): chat formatting with the loss on responses only, and the embedded
+default task set: implement a standard-library function from its signature and docstring.
+
+Chat format (ChatML, with the tokenizer's special ids):
+    <bos><|im_start|>system\\n{system}<|im_end|>\\n            (optional)
+    <|im_start|>user\\n{prompt}<|im_end|>\\n
+    <|im_start|>assistant\\n{response}<|im_end|>\\n<eos>
+The loss covers each assistant turn's content and its closing <|im_end|> (so the model learns to
+stop); everything else is context. Texts are encoded literally: special strings inside a
+prompt or a function body stay plain text.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from c2.data import corpus as corpus_lib
+from c2.data.tokenizer import IM_END, IM_START, Tokenizer
+
+ROLES = ("system", "user", "assistant", "tool")
+TRAINED_ROLES = ("assistant",)
+PROMPT_PREFIX = "Implement this function:\n\n"
+
+
+def _check_messages(messages: Sequence[Mapping[str, str]]) -> None:
+    if not messages:
+        raise ValueError("messages must not be empty")
+    for i, m in enumerate(messages):
+        if m.get("role") not in ROLES:
+            raise ValueError(f"messages[{i}]['role'] = {m.get('role')!r}; expected one of {ROLES}")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}]['content'] must be a string")
+        if m["role"] == "system" and i != 0:
+            raise ValueError(f"messages[{i}]: a system message may only come first")
+
+
+def format_chat(
+    messages: Sequence[Mapping[str, str]], tokenizer: Tokenizer, *, add_bos: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """A whole conversation -> (ids int32 [L], loss_mask float32 [L], 1 on trained tokens)."""
+    _check_messages(messages)
+    im_start, im_end = tokenizer.specials[IM_START], tokenizer.specials[IM_END]
+    ids: list[int] = [tokenizer.bos_id] if add_bos else []
+    mask: list[float] = [0.0] * len(ids)
+
+    def add(piece: list[int], trained: bool) -> None:
+        ids.extend(piece)
+        mask.extend([float(trained)] * len(piece))
+
+    for m in messages:
+        trained = m["role"] in TRAINED_ROLES
+        add([im_start, *tokenizer.encode(m["role"] + "\n")], False)
+        add([*tokenizer.encode(m["content"]), im_end], trained)
+        add(tokenizer.encode("\n"), False)
+    add([tokenizer.eos_id], False)
+    return np.asarray(ids, np.int32), np.asarray(mask, np.float32)
+
+
+def format_prompt(
+    messages: Sequence[Mapping[str, str]], tokenizer: Tokenizer, *, add_bos: bool = True
+) -> np.ndarray:
+    """The ids a model continues to answer: the conversation then "<|im_start|>assistant\\n"."""
+    ids, _ = format_chat(messages, tokenizer, add_bos=add_bos)
+    head = ids[:-1]  # without the final eos
+    tail = [tokenizer.specials[IM_START], *tokenizer.encode("assistant\n")]
+    return np.concatenate([head, np.asarray(tail, np.int32)])
+
+
+def example_messages(example: Mapping[str, str]) -> list[dict[str, str]]:
+    """{"prompt", "response", "system"?} -> chat messages."""
+    for field in ("prompt", "response"):
+        if not isinstance(example.get(field), str):
+            raise ValueError(
+                f"SFT example needs a string field {field!r}; got keys {list(example)}"
+            )
+    messages = []
+    if example.get("system"):
+        messages.append({"role": "system", "content": example["system"]})
+    messages.append({"role": "user", "content": example["prompt"]})
+    messages.append({"role": "assistant", "content": example["response"]})
+    return messages
+
+
+def _strip_indent(lines: list[str], col: int) -> list[str]:
+    """Removes up to `col` leading spaces (lines inside strings may be indented less)."""
+    out = []
+    for line in lines:
+        n = len(line) - len(line.lstrip(" \t"))
+        out.append(line[min(n, col) :])
+    return out
+
+
+def _is_trivial(body: list[ast.stmt]) -> bool:
+    """pass / ... / raise NotImplementedError only: nothing to learn from."""
+    for stmt in body:
+        if isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+            continue
+        if isinstance(stmt, ast.Raise) and stmt.exc is not None:
+            exc = stmt.exc.func if isinstance(stmt.exc, ast.Call) else stmt.exc
+            if isinstance(exc, ast.Name) and exc.id == "NotImplementedError":
+                continue
+        return False
+    return True
+
+
+def extract_functions(
+    source: str,
+    path: str = "<string>",
+    *,
+    require_docstring: bool = True,
+    min_body_lines: int = 2,
+    max_body_lines: int = 40,
+    max_response_chars: int = 2000,
+) -> list[dict[str, str]]:
+    """Every function and method of a module -> {"prompt", "response", "path", "name"}.
+
+    prompt = "Implement this function:" + the decorators, signature and docstring as written;
+    response = the rest of the body, dedented to the def's column (one indent level remains).
+    Skipped: unparsable sources, bodies on the def line, trivial bodies, bodies with fewer than
+    `min_body_lines` or more than `max_body_lines` non-blank lines or over `max_response_chars`.
+    """
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    lines = source.splitlines()
+    examples = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        body = node.body
+        doc = ast.get_docstring(node, clean=False)
+        if require_docstring and doc is None:
+            continue
+        rest = body[1:] if doc is not None else body
+        if not rest or _is_trivial(rest):
+            continue
+        header_end = body[0].end_lineno if doc is not None else rest[0].lineno - 1
+        if rest[0].lineno <= header_end or header_end < node.lineno:
+            continue  # statements share a line with the signature or the docstring
+        start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        header = _strip_indent(lines[start - 1 : header_end], node.col_offset)
+        response_lines = _strip_indent(lines[header_end : node.end_lineno], node.col_offset)
+        while response_lines and not response_lines[0].strip():
+            response_lines.pop(0)
+        n_body = sum(1 for line in response_lines if line.strip())
+        response = "\n".join(response_lines) + "\n"
+        if not min_body_lines <= n_body <= max_body_lines or len(response) > max_response_chars:
+            continue
+        example = {
+            "prompt": PROMPT_PREFIX + "\n".join(header) + "\n",
+            "response": response,
+            "path": f"{path}:{node.lineno}",
+            "name": node.name,
+        }
+        examples.append((node.lineno, example))
+    return [e for _, e in sorted(examples, key=lambda x: x[0])]  # source order, not walk order
+
+
+def stdlib_function_examples(
+    split: str = "train", corpus: corpus_lib.Corpus | None = None, **extract_kwargs
+) -> list[dict[str, str]]:
+    """Function-implementation tasks from a corpus split (default: the standard library's train
+    split), in corpus order then source order."""
+    corpus = corpus_lib.stdlib_corpus() if corpus is None else corpus
+    docs = corpus.documents(split)
+    examples = []
+    for i in range(len(docs)):
+        doc = docs[i]
+        examples.extend(extract_functions(doc["text"], doc["path"], **extract_kwargs))
+    return examples
+
+
+def load_sft_jsonl(path: str) -> list[dict[str, str]]:
+    """One {"prompt", "response", "system"?} object per line, validated."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"SFT file {path!r} does not exist")
+    examples = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e})") from e
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object")
+            try:
+                example_messages(record)
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from e
+            examples.append(record)
+    return examples
+
+
+def load_sft_examples(
+    spec: str | Sequence[Mapping[str, str]], split: str = "train"
+) -> Sequence[Mapping[str, str]]:
+    """ "stdlib" (functions of the stdlib `split`) | a .jsonl path | a sequence of examples."""
+    if not isinstance(spec, str):
+        return spec
+    if spec == "stdlib":
+        return stdlib_function_examples(split)
+    if spec.endswith(".jsonl"):
+        return load_sft_jsonl(spec)
+    raise ValueError(f"SFT examples spec {spec!r}: expected 'stdlib' or a .jsonl path")

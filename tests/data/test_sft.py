@@ -1,0 +1,223 @@
+import collections
+import json
+
+import numpy as np
+import pytest
+
+from c2.data import corpus as corpus_lib
+from c2.data import pipeline, sft
+from c2.data import tokenizer as tk
+
+MODULE = (
+    '''\
+import functools
+
+
+def no_doc(x):
+    y = x + 1
+    return y
+
+
+@functools.cache
+def add(
+    a: int,
+    b: int = 2,
+) -> int:
+    """Add two numbers.
+
+    Returns a + b.
+    """
+    total = a + b
+    # a comment stays in the body
+    return total
+
+
+class Box:
+    def get(self, key):
+        """Look a key up."""
+
+        if key in self.items:
+            return self.items[key]
+        return None
+
+    def abstract(self):
+        """Subclasses implement this."""
+        raise NotImplementedError("abstract")
+
+    def stub(self):
+        """Nothing."""
+        pass
+
+    def too_long(self):
+        """Fifty lines."""
+'''
+    + "        x = 1\n" * 50
+    + '''
+
+def one_line_body():
+    """Doc."""; return 1
+'''
+)
+
+
+def test_format_chat_exact_ids_and_mask(byte_tokenizer):
+    tok = byte_tokenizer
+    s = tok.specials
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Add 1."},
+        {"role": "assistant", "content": "x + 1"},
+    ]
+    ids, mask = sft.format_chat(messages, tok)
+    pieces = [
+        ([tok.bos_id, s[tk.IM_START], *b"system\n"], 0),
+        ([*b"Be brief.", s[tk.IM_END]], 0),
+        ([*b"\n", s[tk.IM_START], *b"user\n"], 0),
+        ([*b"Add 1.", s[tk.IM_END]], 0),
+        ([*b"\n", s[tk.IM_START], *b"assistant\n"], 0),
+        ([*b"x + 1", s[tk.IM_END]], 1),
+        ([*b"\n", tok.eos_id], 0),
+    ]
+    np.testing.assert_array_equal(ids, np.concatenate([p for p, _ in pieces]).astype(np.int32))
+    np.testing.assert_array_equal(mask, np.concatenate([[m] * len(p) for p, m in pieces]))
+    assert ids.dtype == np.int32 and mask.dtype == np.float32
+
+    prompt = sft.format_prompt(messages[:2], tok)
+    assert tok.decode(prompt) == (
+        "<|bos|><|im_start|>system\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nAdd 1.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    np.testing.assert_array_equal(prompt, ids[: len(prompt)])
+
+
+def test_format_chat_validates(byte_tokenizer):
+    with pytest.raises(ValueError, match=r"messages\[0\]\['role'\] = 'robot'"):
+        sft.format_chat([{"role": "robot", "content": "x"}], byte_tokenizer)
+    with pytest.raises(ValueError, match=r"messages\[1\]: a system message may only come first"):
+        sft.format_chat(
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+            byte_tokenizer,
+        )
+    with pytest.raises(ValueError, match="needs a string field 'response'"):
+        sft.example_messages({"prompt": "p"})
+
+
+def test_extract_functions():
+    examples = sft.extract_functions(MODULE, "m.py")
+    assert [e["name"] for e in examples] == ["add", "get"]
+    add, get = examples
+    assert add["path"] == "m.py:10"
+    assert add["prompt"] == sft.PROMPT_PREFIX + (
+        "@functools.cache\n"
+        "def add(\n"
+        "    a: int,\n"
+        "    b: int = 2,\n"
+        ") -> int:\n"
+        '    """Add two numbers.\n'
+        "\n"
+        "    Returns a + b.\n"
+        '    """\n'
+    )
+    assert add["response"] == (
+        "    total = a + b\n    # a comment stays in the body\n    return total\n"
+    )
+    assert get["prompt"] == sft.PROMPT_PREFIX + 'def get(self, key):\n    """Look a key up."""\n'
+    assert get["response"] == (
+        "    if key in self.items:\n        return self.items[key]\n    return None\n"
+    )
+
+    loose = sft.extract_functions(MODULE, "m.py", require_docstring=False, max_body_lines=60)
+    assert [e["name"] for e in loose] == ["no_doc", "add", "get", "too_long"]
+    assert loose[0]["prompt"] == sft.PROMPT_PREFIX + "def no_doc(x):\n"
+    assert loose[0]["response"] == "    y = x + 1\n    return y\n"
+    assert [e["name"] for e in sft.extract_functions(MODULE, min_body_lines=4)] == []
+    assert sft.extract_functions("def broken(:\n", "bad.py") == []
+
+
+def test_stdlib_function_examples_come_from_the_train_split(source_dir):
+    corpus = corpus_lib.DirectoryCorpus(source_dir, heldout_fraction=0.3)
+    train_paths = set(corpus.documents("train").paths)
+    heldout_paths = set(corpus.documents("heldout").paths)
+    assert train_paths and heldout_paths
+    examples = sft.stdlib_function_examples("train", corpus)
+    assert examples and examples == sft.stdlib_function_examples("train", corpus)
+    assert {e["path"].rsplit(":", 1)[0] for e in examples} <= train_paths
+    held = sft.stdlib_function_examples("heldout", corpus)
+    assert {e["path"].rsplit(":", 1)[0] for e in held} <= heldout_paths
+
+
+def test_sft_features(byte_tokenizer):
+    tok = byte_tokenizer
+    short = {"prompt": "Double x.", "response": "return 2 * x"}
+    f = pipeline.sft_features
+    feats = f(short, tok, 64)
+    trained = feats["targets"][feats["loss_mask"] > 0]
+    assert tok.decode(trained) == "return 2 * x<|im_end|>"
+    trained_bytes = (feats["loss_mask"] > 0) & (feats["targets"] < 256)  # <|im_end|>: 0 bytes
+    np.testing.assert_array_equal(feats["target_bytes"], trained_bytes.astype(np.int32))
+    # Truncated to the window; a prompt that fills the window leaves nothing to train: dropped.
+    long_response = {"prompt": "p", "response": "y" * 500}
+    assert len(f(long_response, tok, 64)["inputs"]) == 64
+    assert f({"prompt": "p" * 100, "response": "r"}, tok, 64) is None
+
+
+def test_sft_packing(byte_tokenizer, check_rows):
+    tok = byte_tokenizer
+    examples = [
+        {"prompt": f"Count to {i}.", "response": " ".join(map(str, range(i)))} for i in range(1, 25)
+    ]
+    examples.append({"prompt": "p" * 200, "response": "never fits"})
+    examples.append({"prompt": "Long.", "response": "z" * 300})
+    batches = list(
+        pipeline.make_sft_dataset(
+            examples, tok, 96, 1, seed=0, num_epochs=1, shuffle=False,
+            shard_index=0, shard_count=1,
+        )
+    )  # fmt: skip
+    segments = []
+    for b in batches:
+        check_rows(b, tok.pad_id)
+        seg = b["segment_ids"][0]
+        for s in range(1, seg.max() + 1):
+            sel = seg == s
+            segments.append(
+                tuple(tuple(b[k][0][sel].tolist()) for k in ("inputs", "targets", "loss_mask"))
+            )
+    expected = []
+    for ex in examples:
+        feats = pipeline.sft_features(ex, tok, 96)
+        if feats is not None:
+            expected.append(
+                tuple(tuple(feats[k].tolist()) for k in ("inputs", "targets", "loss_mask"))
+            )
+    assert len(expected) == len(examples) - 1
+    # Every example is packed whole, exactly once (first-fit never splits an example).
+    assert collections.Counter(segments) == collections.Counter(expected)
+
+
+def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
+    path = tmp_path / "sft.jsonl"
+    rows = [{"prompt": f"Q{i}", "response": f"A{i}", "system": "S"} for i in range(10)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert sft.load_sft_jsonl(str(path)) == rows
+    ds = pipeline.make_sft_dataset(str(path), byte_tokenizer, 64, 2, seed=0, shard_index=0,
+                                   shard_count=1)  # fmt: skip
+    batch = next(iter(ds))
+    assert batch["inputs"].shape == (2, 64)
+    check_rows(batch, byte_tokenizer.pad_id)
+
+    first = pipeline.make_sft_eval_batches(str(path), byte_tokenizer, 64, 2, shard_index=0,
+                                           shard_count=1)  # fmt: skip
+    second = pipeline.make_sft_eval_batches(str(path), byte_tokenizer, 64, 2, shard_index=0,
+                                            shard_count=1)  # fmt: skip
+    assert len(first) == len(second) >= 1
+    for x, y in zip(first, second):
+        np.testing.assert_array_equal(x["inputs"], y["inputs"])
+    trained = sum(int(b["loss_mask"].sum()) for b in first)
+    assert trained == sum(len(f"A{i}") + 1 for i in range(10))  # response bytes + <|im_end|>
+
+    path.write_text('{"prompt": "Q"}\n')
+    with pytest.raises(ValueError, match=r"sft.jsonl:1: SFT example needs a string field"):
+        sft.load_sft_jsonl(str(path))
+    with pytest.raises(ValueError, match="expected 'stdlib' or a .jsonl path"):
+        sft.load_sft_examples("data.csv")
