@@ -58,7 +58,7 @@ def _check_fraction(heldout_fraction: float) -> float:
     return float(heldout_fraction)
 
 
-def _select(keys: Sequence[str], split: str, heldout_fraction: float) -> list[int]:
+def select_split(keys: Sequence[str], split: str, heldout_fraction: float) -> list[int]:
     """Indices of the documents of `split`, in corpus order."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -130,7 +130,7 @@ class DirectoryCorpus:
 
     def documents(self, split: str = "train") -> Documents:
         paths = self.relative_paths()
-        chosen = [paths[i] for i in _select(paths, split, self.heldout_fraction)]
+        chosen = [paths[i] for i in select_split(paths, split, self.heldout_fraction)]
         root = self.root
 
         def read(i: int) -> str:
@@ -199,7 +199,7 @@ class JsonlCorpus:
 
     def documents(self, split: str = "train") -> Documents:
         texts, keys = self._records()
-        chosen = _select(keys, split, self.heldout_fraction)
+        chosen = select_split(keys, split, self.heldout_fraction)
         return Documents(
             f"{self.name}[{split}]", [keys[i] for i in chosen], lambda i: texts[chosen[i]]
         )
@@ -226,7 +226,7 @@ class ArrayRecordCorpus:
 
         source = ArrayRecordDataSource([self.path])
         keys = [f"{self.path}#{i}" for i in range(len(source))]
-        chosen = _select(keys, split, self.heldout_fraction)
+        chosen = select_split(keys, split, self.heldout_fraction)
 
         def read(i: int) -> str:
             where = f"{self.path} record {chosen[i]}"

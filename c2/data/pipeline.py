@@ -306,7 +306,7 @@ def make_pretrain_dataset(
     num_epochs: int | None = None,
     *,
     shuffle: bool = True,
-    shuffle_window: int = 512,
+    shuffle_window: int | None = None,
     shard_index: int | None = None,
     shard_count: int | None = None,
     prefetch: int = 2,
@@ -315,7 +315,8 @@ def make_pretrain_dataset(
     """Packed pretraining batches [batch_size // hosts, seq_len]; forever when num_epochs=None.
 
     Shuffling is two-level: documents are permuted afresh each epoch, then packed rows are
-    shuffled within windows of `shuffle_window` rows (the rows of one long file are consecutive).
+    shuffled within windows of `shuffle_window` rows (the rows of one long file are consecutive);
+    by default about 4M tokens' worth, 16 to 1024 rows (1024 at T=256, 128 at T=32k).
     """
     tokenizer = load_tokenizer(tokenizer)
     shard_index, shard_count = shard_info(shard_index, shard_count)
@@ -332,6 +333,8 @@ def make_pretrain_dataset(
         shard_count=shard_count,
         read_threads=read_threads,
     )
+    if shuffle_window is None:
+        shuffle_window = min(1024, max(16, (1 << 22) // seq_len))
     if shuffle and shuffle_window > 1:
         rows = grain.experimental.WindowShuffleIterDataset(
             rows, window_size=shuffle_window, seed=_sub_seed(seed, 2)

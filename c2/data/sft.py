@@ -164,13 +164,12 @@ def extract_functions(
     return [e for _, e in sorted(examples, key=lambda x: x[0])]  # source order, not walk order
 
 
-def stdlib_function_examples(
-    split: str = "train", corpus: corpus_lib.Corpus | None = None, **extract_kwargs
+def function_examples(
+    corpus: str | corpus_lib.Corpus = "stdlib", split: str = "train", **extract_kwargs
 ) -> list[dict[str, str]]:
     """Function-implementation tasks from a corpus split (default: the standard library's train
-    split), in corpus order then source order."""
-    corpus = corpus_lib.stdlib_corpus() if corpus is None else corpus
-    docs = corpus.documents(split)
+    split), in corpus order then source order. `extract_kwargs` go to `extract_functions`."""
+    docs = corpus_lib.load_corpus(corpus).documents(split)
     examples = []
     for i in range(len(docs)):
         doc = docs[i]
@@ -178,11 +177,14 @@ def stdlib_function_examples(
     return examples
 
 
-def load_sft_jsonl(path: str) -> list[dict[str, str]]:
-    """One {"prompt", "response", "system"?} object per line, validated."""
+def load_sft_jsonl(
+    path: str, split: str = "all", heldout_fraction: float = 0.02
+) -> list[dict[str, str]]:
+    """One {"prompt", "response", "system"?, "path"?} object per line, validated; split like a
+    JSONL corpus (by the hash of "path", else of "file:line")."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"SFT file {path!r} does not exist")
-    examples = []
+    examples, keys = [], []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -199,17 +201,24 @@ def load_sft_jsonl(path: str) -> list[dict[str, str]]:
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from e
             examples.append(record)
-    return examples
+            keys.append(str(record.get("path") or where))
+    return [examples[i] for i in corpus_lib.select_split(keys, split, heldout_fraction)]
 
 
 def load_sft_examples(
     spec: str | Sequence[Mapping[str, str]], split: str = "train"
 ) -> Sequence[Mapping[str, str]]:
-    """ "stdlib" (functions of the stdlib `split`) | a .jsonl path | a sequence of examples."""
+    """SFT examples from a spec.
+
+    "stdlib" or a directory: the functions of its `split`; a .jsonl of {"prompt", "response"}:
+    its `split` (2% held out); a sequence of example dicts: used as is.
+    """
     if not isinstance(spec, str):
         return spec
-    if spec == "stdlib":
-        return stdlib_function_examples(split)
     if spec.endswith(".jsonl"):
-        return load_sft_jsonl(spec)
-    raise ValueError(f"SFT examples spec {spec!r}: expected 'stdlib' or a .jsonl path")
+        return load_sft_jsonl(spec, split)
+    if spec == "stdlib" or os.path.isdir(spec):
+        return function_examples(spec, split)
+    raise ValueError(
+        f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path"
+    )

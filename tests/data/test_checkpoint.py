@@ -2,6 +2,7 @@
 
 import json
 
+import chex
 import grain
 import numpy as np
 import orbax.checkpoint as ocp
@@ -17,9 +18,7 @@ def _take(iterator, n):
 
 def _assert_same(xs, ys):
     assert len(xs) == len(ys)
-    for x, y in zip(xs, ys):
-        for k in pipeline.BATCH_KEYS:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+    chex.assert_trees_all_equal(xs, ys, strict=True)  # values, shapes and dtypes
 
 
 def _pretrain(corpus, tok):

@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
+from c2.data import corpus as corpus_lib
 from c2.data import pipeline
 
 T = 64
@@ -27,9 +28,16 @@ def test_packing_invariants(tok_name, all_docs_corpus, byte_tokenizer, bpe_token
     tok = byte_tokenizer if tok_name == "byte" else bpe_tokenizer
     docs = all_docs_corpus.documents("train")
     ds = pipeline.make_pretrain_dataset(
-        all_docs_corpus, tok, T, batch_size=2, seed=0, num_epochs=1, shuffle=False,
-        shard_index=0, shard_count=1,
-    )  # fmt: skip
+        all_docs_corpus,
+        tok,
+        T,
+        batch_size=2,
+        seed=0,
+        num_epochs=1,
+        shuffle=False,
+        shard_index=0,
+        shard_count=1,
+    )
     batches = list(ds)
     for b in batches:
         assert set(b) == set(pipeline.BATCH_KEYS)
@@ -62,10 +70,18 @@ def test_every_token_once_with_padding_row(all_docs_corpus, byte_tokenizer, chec
     docs = all_docs_corpus.documents("train")
     batches = list(
         pipeline.make_pretrain_dataset(
-            all_docs_corpus, byte_tokenizer, T, 1, seed=0, num_epochs=1, shuffle=False,
-            shard_index=0, shard_count=1, prefetch=0,
+            all_docs_corpus,
+            byte_tokenizer,
+            T,
+            1,
+            seed=0,
+            num_epochs=1,
+            shuffle=False,
+            shard_index=0,
+            shard_count=1,
+            prefetch=0,
         )
-    )  # fmt: skip
+    )
     ref_inputs, ref_targets = _doc_streams(docs, byte_tokenizer)
     np.testing.assert_array_equal(_real_stream(batches, "inputs"), ref_inputs)
     np.testing.assert_array_equal(_real_stream(batches, "targets"), ref_targets)
@@ -79,9 +95,16 @@ def test_every_token_once_with_padding_row(all_docs_corpus, byte_tokenizer, chec
 def test_shuffle_is_seeded_and_loses_nothing(all_docs_corpus, byte_tokenizer):
     def take(seed, n, **kw):
         ds = pipeline.make_pretrain_dataset(
-            all_docs_corpus, byte_tokenizer, T, 4, seed=seed, shard_index=0, shard_count=1,
-            shuffle_window=64, **kw,
-        )  # fmt: skip
+            all_docs_corpus,
+            byte_tokenizer,
+            T,
+            4,
+            seed=seed,
+            shard_index=0,
+            shard_count=1,
+            shuffle_window=64,
+            **kw,
+        )
         return list(itertools.islice(iter(ds), n))
 
     a, b, c = take(1, 6), take(1, 6), take(2, 6)
@@ -93,11 +116,18 @@ def test_shuffle_is_seeded_and_loses_nothing(all_docs_corpus, byte_tokenizer):
     one_epoch = list(
         iter(
             pipeline.make_pretrain_dataset(
-                all_docs_corpus, byte_tokenizer, T, 1, seed=3, num_epochs=1,
-                shard_index=0, shard_count=1, shuffle_window=64,
+                all_docs_corpus,
+                byte_tokenizer,
+                T,
+                1,
+                seed=3,
+                num_epochs=1,
+                shard_index=0,
+                shard_count=1,
+                shuffle_window=64,
             )
         )
-    )  # fmt: skip
+    )
     ref_inputs, _ = _doc_streams(all_docs_corpus.documents("train"), byte_tokenizer)
     got = _real_stream(one_epoch, "inputs")
     assert not np.array_equal(got, ref_inputs)
@@ -109,9 +139,17 @@ def test_host_shards_are_disjoint_and_cover(all_docs_corpus, byte_tokenizer):
     streams, paths = [], []
     for index in range(2):
         ds = pipeline.make_pretrain_dataset(
-            all_docs_corpus, byte_tokenizer, T, batch_size=2, seed=0, num_epochs=1,
-            shuffle=False, shard_index=index, shard_count=2, prefetch=0,
-        )  # fmt: skip
+            all_docs_corpus,
+            byte_tokenizer,
+            T,
+            batch_size=2,
+            seed=0,
+            num_epochs=1,
+            shuffle=False,
+            shard_index=index,
+            shard_count=2,
+            prefetch=0,
+        )
         batches = list(ds)
         assert all(b["inputs"].shape == (1, T) for b in batches)  # local batch = 2 // 2
         streams.append(_real_stream(batches, "inputs"))
@@ -185,8 +223,9 @@ def test_default_heldout_eval_matches_split_bytes(byte_tokenizer):
     from c2.data import corpus as corpus_lib
 
     heldout = corpus_lib.stdlib_corpus().documents("heldout")
-    batches = pipeline.make_eval_batches("stdlib", byte_tokenizer, 256, 8, shard_index=0,
-                                         shard_count=1)  # fmt: skip
+    batches = pipeline.make_eval_batches(
+        "stdlib", byte_tokenizer, 256, 8, shard_index=0, shard_count=1
+    )
     total_bytes = sum(len(heldout[i]["text"].encode()) for i in range(len(heldout)))
     assert sum(int(b["target_bytes"].sum()) for b in batches) == total_bytes
 
@@ -202,3 +241,28 @@ def test_bad_pipeline_arguments(all_docs_corpus, byte_tokenizer):
         pipeline.make_pretrain_dataset(all_docs_corpus, byte_tokenizer, 8, 1, 0, split="dev")
     with pytest.raises(ValueError, match="no records for host 0 of 1"):
         pipeline.make_pretrain_dataset(all_docs_corpus, byte_tokenizer, 8, 1, 0, split="heldout")
+
+
+def test_epochs_reshuffle_documents_per_host(tmp_path, byte_tokenizer):
+    """One row per document (T=2: [bos, c] -> [c, eos]) shows the document order directly;
+    global batch 2 = one row per host."""
+    import json
+
+    path = tmp_path / "letters.jsonl"
+    path.write_text("".join(json.dumps({"text": c, "path": c}) + "\n" for c in "abcdef"))
+    corpus = corpus_lib.JsonlCorpus(str(path), heldout_fraction=0.0)
+
+    def order(shard_index, **kw):
+        ds = pipeline.make_pretrain_dataset(
+            corpus, byte_tokenizer, 2, 2, seed=5, num_epochs=4, shuffle_window=1,
+            shard_index=shard_index, shard_count=2, **kw,
+        )  # fmt: skip
+        return "".join(chr(b["inputs"][0, 1]) for b in ds)
+
+    host0, host1 = order(0), order(1)
+    epochs0 = [host0[i : i + 3] for i in range(0, 12, 3)]
+    epochs1 = [host1[i : i + 3] for i in range(0, 12, 3)]
+    assert all(sorted(e) == list("ace") for e in epochs0)
+    assert all(sorted(e) == list("bdf") for e in epochs1)
+    assert len(set(epochs0)) > 1 and len(set(epochs1)) > 1  # a new permutation per epoch
+    assert order(0, shuffle=False) == "ace" * 4

@@ -134,16 +134,19 @@ def test_extract_functions():
     assert sft.extract_functions("def broken(:\n", "bad.py") == []
 
 
-def test_stdlib_function_examples_come_from_the_train_split(source_dir):
+def test_function_examples_come_from_the_train_split(source_dir):
     corpus = corpus_lib.DirectoryCorpus(source_dir, heldout_fraction=0.3)
     train_paths = set(corpus.documents("train").paths)
     heldout_paths = set(corpus.documents("heldout").paths)
     assert train_paths and heldout_paths
-    examples = sft.stdlib_function_examples("train", corpus)
-    assert examples and examples == sft.stdlib_function_examples("train", corpus)
+    examples = sft.function_examples(corpus, "train")
+    assert examples and examples == sft.function_examples(corpus, "train")
     assert {e["path"].rsplit(":", 1)[0] for e in examples} <= train_paths
-    held = sft.stdlib_function_examples("heldout", corpus)
+    held = sft.function_examples(corpus, "heldout")
     assert {e["path"].rsplit(":", 1)[0] for e in held} <= heldout_paths
+    # A directory spec reads the same way (default 2% held out).
+    by_spec = sft.load_sft_examples(source_dir, "all")
+    assert by_spec == sft.function_examples(corpus, "all")
 
 
 def test_sft_features(byte_tokenizer):
@@ -170,10 +173,17 @@ def test_sft_packing(byte_tokenizer, check_rows):
     examples.append({"prompt": "Long.", "response": "z" * 300})
     batches = list(
         pipeline.make_sft_dataset(
-            examples, tok, 96, 1, seed=0, num_epochs=1, shuffle=False,
-            shard_index=0, shard_count=1,
+            examples,
+            tok,
+            96,
+            1,
+            seed=0,
+            num_epochs=1,
+            shuffle=False,
+            shard_index=0,
+            shard_count=1,
         )
-    )  # fmt: skip
+    )
     segments = []
     for b in batches:
         check_rows(b, tok.pad_id)
@@ -200,16 +210,25 @@ def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
     rows = [{"prompt": f"Q{i}", "response": f"A{i}", "system": "S"} for i in range(10)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert sft.load_sft_jsonl(str(path)) == rows
-    ds = pipeline.make_sft_dataset(str(path), byte_tokenizer, 64, 2, seed=0, shard_index=0,
-                                   shard_count=1)  # fmt: skip
+    train = sft.load_sft_jsonl(str(path), "train", heldout_fraction=0.3)
+    heldout = sft.load_sft_jsonl(str(path), "heldout", heldout_fraction=0.3)
+    assert 0 < len(heldout) < 10 and len(train) + len(heldout) == 10
+    assert heldout == [
+        r for i, r in enumerate(rows) if corpus_lib.heldout_score(f"{path}:{i + 1}") < 0.3
+    ]
+    ds = pipeline.make_sft_dataset(
+        str(path), byte_tokenizer, 64, 2, seed=0, split="all", shard_index=0, shard_count=1
+    )
     batch = next(iter(ds))
     assert batch["inputs"].shape == (2, 64)
     check_rows(batch, byte_tokenizer.pad_id)
 
-    first = pipeline.make_sft_eval_batches(str(path), byte_tokenizer, 64, 2, shard_index=0,
-                                           shard_count=1)  # fmt: skip
-    second = pipeline.make_sft_eval_batches(str(path), byte_tokenizer, 64, 2, shard_index=0,
-                                            shard_count=1)  # fmt: skip
+    first = pipeline.make_sft_eval_batches(
+        str(path), byte_tokenizer, 64, 2, split="all", shard_index=0, shard_count=1
+    )
+    second = pipeline.make_sft_eval_batches(
+        str(path), byte_tokenizer, 64, 2, split="all", shard_index=0, shard_count=1
+    )
     assert len(first) == len(second) >= 1
     for x, y in zip(first, second):
         np.testing.assert_array_equal(x["inputs"], y["inputs"])
@@ -219,5 +238,5 @@ def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
     path.write_text('{"prompt": "Q"}\n')
     with pytest.raises(ValueError, match=r"sft.jsonl:1: SFT example needs a string field"):
         sft.load_sft_jsonl(str(path))
-    with pytest.raises(ValueError, match="expected 'stdlib' or a .jsonl path"):
+    with pytest.raises(ValueError, match="expected 'stdlib', a source directory or a .jsonl"):
         sft.load_sft_examples("data.csv")
