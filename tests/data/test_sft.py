@@ -240,3 +240,40 @@ def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
         sft.load_sft_jsonl(str(path))
     with pytest.raises(ValueError, match="expected 'stdlib', a source directory or a .jsonl"):
         sft.load_sft_examples("data.csv")
+
+
+def test_extract_functions_finds_defs_in_every_block():
+    source = "\n".join(
+        [
+            "if True:",
+            "    pass",
+            "else:",
+            "    def in_else():",
+            '        """Doc."""',
+            "        a = 1",
+            "        return a",
+            "try:",
+            "    import os",
+            "except ImportError:",
+            "    async def in_except():",
+            '        """Doc."""',
+            "        a = 1",
+            "        return a",
+            "match 1:",
+            "    case 1:",
+            "        def in_case():",
+            '            """Doc."""',
+            "            a = 1",
+            "            return a",
+            "def outer():",
+            '    """Doc."""',
+            "    def inner():",
+            '        """Doc."""',
+            "        a = 1",
+            "        return a",
+            "    return inner",
+            "",
+        ]
+    )
+    names = [e["name"] for e in sft.extract_functions(source)]
+    assert names == ["in_else", "in_except", "in_case", "outer", "inner"]
