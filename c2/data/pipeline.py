@@ -18,7 +18,10 @@ from its prompt; examples longer than T are truncated).
 `iter(dataset)` gives a grain iterator with `get_state() -> dict` (JSON-serialisable) and
 `set_state(dict)`; it also saves/restores through orbax with `grain.checkpoint.CheckpointSave` /
 `CheckpointRestore`. Sharding is per host over documents (`documents[index::count]`), so each host
-yields its own [batch_size // count, T] slice of the global batch.
+yields its own [batch_size // count, T] slice of the global batch. Hosts' shards pack to different
+numbers of rows, so multi-host training should run forever (num_epochs=None) and stop by step;
+the eval helpers instead pack everything on every host and give each host its block of every
+global batch (equal counts).
 """
 
 from __future__ import annotations
@@ -215,9 +218,9 @@ def _source(
         raise ValueError(f"num_epochs must be positive or None (forever), got {num_epochs}")
     ds = grain.MapDataset.source(records)[shard_index::shard_count]
     if len(ds) == 0:
+        name = getattr(records, "name", type(records).__name__)
         raise ValueError(
-            f"no records for host {shard_index} of {shard_count} "
-            f"(the split has {len(records)} records)"
+            f"no records for host {shard_index} of {shard_count}: {name} has {len(records)} records"
         )
     if shuffle:
         ds = ds.shuffle(_sub_seed(seed, 0))  # a new permutation every epoch
