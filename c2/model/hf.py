@@ -1,0 +1,669 @@
+"""Hugging Face checkpoints in and out: safetensors <-> c2 parameter trees.
+
+Import reads a directory written by transformers' `DeepseekV3ForCausalLM` (DeepSeek-V3, Kimi-K2's
+text model) or `Qwen3MoeForCausalLM`: config.json (mapped by `c2.model.hf_config`) and *.safetensors
+(+ model.safetensors.index.json when sharded). Each c2 leaf is built by
+`jax.make_array_from_callback`: a device's callback reads only the slice of each HF tensor that its
+shard holds, so no host ever holds the whole model. Per-expert tensors
+(`mlp.experts.{e}.gate_proj.weight`, what `save_pretrained` writes) and transformers 5's fused
+in-memory layout (`mlp.experts.gate_up_proj` [E, 2I, H], `down_proj` [E, H, I]) are both read, and
+block-FP8 weights (`weight_scale_inv`, DeepSeek-V3 / Kimi-K2 releases) are dequantised on the fly.
+DeepSeek MTP layers (`model.layers.{n_layers + d}.*`) are imported into `params["mtp"]` when the
+checkpoint holds them; their copies of the embedding and head are skipped (c2 shares them).
+
+Export writes per-expert safetensors + config.json that `from_pretrained` loads.
+CLI: `python -m c2.model.hf import HF_DIR ORBAX_DIR` / `export ORBAX_DIR HF_DIR`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from c2.model import params as params_lib
+from c2.model.config import ModelConfig, YarnConfig
+from c2.model.hf_config import config_from_hf, config_to_hf
+
+log = logging.getLogger(__name__)
+
+_FP8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+_NP_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
+
+
+# Tensor sources ----------------------------------------------------------------------------------
+
+
+class SafetensorsSource:
+    """Named tensors of a checkpoint directory, read lazily by slice with `safetensors`."""
+
+    def __init__(self, path: str | Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = sorted(p.name for p in self.path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {self.path}")
+        self._stack = contextlib.ExitStack()
+        self._file, self._handle, self._shape, self._dtype = {}, {}, {}, {}
+        for fname in files:
+            if not (self.path / fname).exists():
+                raise FileNotFoundError(f"{index} names {fname}, which is not in {self.path}")
+            h = self._stack.enter_context(safe_open(self.path / fname, framework="numpy"))
+            for name in h.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                if name in self._file:
+                    raise ValueError(f"tensor {name} is in both {self._file[name]} and {fname}")
+                s = h.get_slice(name)
+                self._file[name], self._handle[name] = fname, h
+                self._shape[name], self._dtype[name] = tuple(s.get_shape()), s.get_dtype()
+        self._headers: dict[str, tuple[int, dict]] = {}
+
+    def names(self) -> set[str]:
+        return set(self._file)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._file
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._shape[name]
+
+    def read(self, name: str, index: tuple) -> np.ndarray:
+        if self._dtype[name] in _FP8:
+            return self._read_raw(name, _FP8[self._dtype[name]])[index]
+        return self._handle[name].get_slice(name)[index]
+
+    def _read_raw(self, name: str, dtype) -> np.ndarray:
+        """A memory map of one tensor: safetensors' numpy backend has no float8 dtypes."""
+        fname = self._file[name]
+        if fname not in self._headers:
+            with open(self.path / fname, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                self._headers[fname] = (8 + n, json.loads(f.read(n)))
+        base, header = self._headers[fname]
+        begin, end = header[name]["data_offsets"]
+        raw = np.memmap(self.path / fname, np.uint8, "r", offset=base + begin, shape=(end - begin,))
+        return raw.view(dtype).reshape(self._shape[name])
+
+    def close(self):
+        self._stack.close()
+
+
+class DictSource:
+    """Named in-memory arrays (e.g. a torch state_dict converted with `.numpy()`)."""
+
+    def __init__(self, tensors: Mapping[str, np.ndarray]):
+        self._t = {k: np.asarray(v) for k, v in tensors.items()}
+
+    def names(self) -> set[str]:
+        return set(self._t)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._t
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._t[name].shape
+
+    def read(self, name: str, index: tuple) -> np.ndarray:
+        return self._t[name][index]
+
+    def close(self):
+        pass
+
+
+# The name plan: which HF tensor (and which part of it) fills each c2 leaf -----------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Src:
+    """One HF tensor feeding one per-layer (per-expert) slice of a c2 leaf.
+
+    `n_in` None: the c2 slice equals the HF tensor. Otherwise the HF matrix is [out, in] and the
+    c2 slice is its transpose with `in` split into the first n_in c2 dims, `out` into the rest.
+    `lead` picks an expert of a fused [E, rows, cols] tensor; `row0` offsets into its rows.
+    """
+
+    name: str
+    n_in: int | None = 1
+    lead: int | None = None
+    row0: int = 0
+
+
+@dataclasses.dataclass
+class Leaf:
+    shape: tuple[int, ...]  # the c2 leaf
+    dtype: str
+    srcs: np.ndarray  # object array of Src over the leading stack dims (layers, experts)
+
+    @property
+    def n_stack(self) -> int:
+        return self.srcs.ndim
+
+
+def _attn_names(c: ModelConfig) -> dict:
+    if c.is_mla:
+        names = {
+            "wkv_a": ("kv_a_proj_with_mqa.weight", 1),
+            "kv_norm": ("kv_a_layernorm.weight", None),
+            "wkv_b": ("kv_b_proj.weight", 1),
+            "wo": ("o_proj.weight", 2),
+        }
+        if c.q_lora_rank:
+            names.update(
+                wq_a=("q_a_proj.weight", 1),
+                q_norm=("q_a_layernorm.weight", None),
+                wq_b=("q_b_proj.weight", 1),
+            )
+        else:
+            names["wq"] = ("q_proj.weight", 1)
+        return names
+    return {
+        "wq": ("q_proj.weight", 1),
+        "wk": ("k_proj.weight", 1),
+        "wv": ("v_proj.weight", 1),
+        "q_norm": ("q_norm.weight", None),
+        "k_norm": ("k_norm.weight", None),
+        "wo": ("o_proj.weight", 2),
+    }
+
+
+def _mlp_names(prefix: str) -> dict:
+    return {f"w_{k}": (f"{prefix}{k}_proj.weight", 1) for k in ("gate", "up", "down")}
+
+
+def _layer_srcs(c: ModelConfig, p: str, moe: bool, fused: bool) -> dict:
+    """{c2 sub-path: Src or [E] list of Src} for one decoder layer with HF prefix p."""
+    attn = {k: Src(f"{p}self_attn.{n}", k_in) for k, (n, k_in) in _attn_names(c).items()}
+    out = {
+        "attn_norm": Src(f"{p}input_layernorm.weight", None),
+        "attn": attn,
+        "mlp_norm": Src(f"{p}post_attention_layernorm.weight", None),
+    }
+    if not moe:
+        out["mlp"] = {k: Src(f"{p}mlp.{n}", k_in) for k, (n, k_in) in _mlp_names("").items()}
+        return out
+    E, I = c.n_experts, c.d_ff_expert
+    mlp = {"router": Src(f"{p}mlp.gate.weight")}
+    if c.score_func == "sigmoid":
+        mlp["router_bias"] = Src(f"{p}mlp.gate.e_score_correction_bias", None)
+    if fused:
+        mlp["w_gate"] = [Src(f"{p}mlp.experts.gate_up_proj", 1, e, 0) for e in range(E)]
+        mlp["w_up"] = [Src(f"{p}mlp.experts.gate_up_proj", 1, e, I) for e in range(E)]
+        mlp["w_down"] = [Src(f"{p}mlp.experts.down_proj", 1, e) for e in range(E)]
+    else:
+        for k, (n, k_in) in _mlp_names("").items():
+            mlp[k] = [Src(f"{p}mlp.experts.{e}.{n}", k_in) for e in range(E)]
+    if c.n_shared_experts:
+        mlp["shared"] = {
+            k: Src(f"{p}mlp.{n}", k_in) for k, (n, k_in) in _mlp_names("shared_experts.").items()
+        }
+    out["mlp"] = mlp
+    return out
+
+
+def _mtp_srcs(c: ModelConfig, p: str, fused: bool) -> dict:
+    return {
+        "hnorm": Src(f"{p}hnorm.weight", None),
+        "enorm": Src(f"{p}enorm.weight", None),
+        "eh_proj": Src(f"{p}eh_proj.weight"),
+        "block": _layer_srcs(c, p, c.n_moe_layers > 0, fused),
+        "norm": Src(f"{p}shared_head.norm.weight", None),
+    }
+
+
+def _is_src(x) -> bool:
+    return isinstance(x, Src)
+
+
+def _stacked(per_layer: list[dict]) -> dict:
+    """Stack per-layer Src trees into object arrays [L] or [L, E]."""
+
+    def stack(*xs):
+        arr = np.empty((len(xs), *np.shape(xs[0])), dtype=object)
+        for i, x in enumerate(xs):
+            arr[i] = x if _is_src(x) else np.array(x, dtype=object)
+        return arr
+
+    return jax.tree.map(stack, *per_layer, is_leaf=lambda x: _is_src(x) or isinstance(x, list))
+
+
+def name_plan(c: ModelConfig, prefix: str = "", fused_layers: frozenset = frozenset()) -> dict:
+    """The c2 parameter tree with, at each leaf, an object array of `Src` over its stack dims."""
+    P = f"{prefix}model."
+    plan = {
+        "embed": Src(f"{P}embed_tokens.weight", None),
+        "final_norm": Src(f"{P}norm.weight", None),
+    }
+    if not c.tie_word_embeddings:
+        plan["lm_head"] = Src(f"{prefix}lm_head.weight")
+
+    def layers(idx, moe, fn):
+        return _stacked([fn(c, f"{P}layers.{i}.", moe, i in fused_layers) for i in idx])
+
+    if c.first_k_dense:
+        plan["dense_layers"] = layers(range(c.first_k_dense), False, _layer_srcs)
+    if c.n_moe_layers:
+        plan["moe_layers"] = layers(range(c.first_k_dense, c.n_layers), True, _layer_srcs)
+    if c.mtp_depth:
+        idx = range(c.n_layers, c.n_layers + c.mtp_depth)
+        plan["mtp"] = layers(idx, None, lambda c, p, _, f: _mtp_srcs(c, p, f))
+    return jax.tree.map(
+        lambda s: np.array(s, dtype=object) if _is_src(s) else s, plan, is_leaf=_is_src
+    )
+
+
+def _hf_shape(s: Src, c2_shape: tuple[int, ...]) -> tuple[int, ...]:
+    if s.n_in is None:
+        return c2_shape
+    return (math.prod(c2_shape[s.n_in :]), math.prod(c2_shape[: s.n_in]))
+
+
+def _leaves(c: ModelConfig, plan: dict) -> dict[str, tuple[tuple, Leaf]]:
+    """{"a/b/c": (tree path, Leaf)} pairing the plan with `param_specs` (shapes and dtypes)."""
+    specs = params_lib.param_specs(c)
+    flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=params_lib._is_spec)[0]
+    flat_plan = dict(
+        (jax.tree_util.keystr(p), v)
+        for p, v in jax.tree_util.tree_flatten_with_path(
+            plan, is_leaf=lambda x: isinstance(x, np.ndarray)
+        )[0]
+    )
+    out = {}
+    for path, spec in flat_specs:
+        srcs = flat_plan[jax.tree_util.keystr(path)]
+        key = "/".join(str(k.key) for k in path)
+        out[key] = (path, Leaf(spec.shape, spec.dtype or c.param_dtype, srcs))
+    return out
+
+
+# Import ----------------------------------------------------------------------------------------
+
+
+def _prefix(names: set[str]) -> str:
+    """Weight-name prefix of the language model ("" or e.g. "language_model." in VLM wrappers)."""
+    for n in sorted(names, key=len):
+        if n.endswith("model.embed_tokens.weight"):
+            return n[: -len("model.embed_tokens.weight")]
+    raise ValueError("checkpoint has no tensor named model.embed_tokens.weight (or prefixed)")
+
+
+def _check_names(leaves: dict, src, c: ModelConfig, fused_layers, prefix: str, block) -> None:
+    """Every expected tensor present with the expected shape; nothing unexpected left over."""
+    names = src.names()
+    used, missing, wrong = set(), [], []
+    for _, leaf in leaves.values():
+        per_tensor = leaf.shape[leaf.n_stack :]
+        for s in leaf.srcs.flat:
+            used.add(s.name)
+            if s.name not in names:
+                missing.append(s.name)
+                continue
+            found = src.shape(s.name)
+            if s.lead is None:
+                exp = _hf_shape(s, per_tensor)
+            elif s.name.endswith("gate_up_proj"):
+                exp = (c.n_experts, 2 * c.d_ff_expert, c.d_model)
+            else:
+                exp = (c.n_experts, c.d_model, c.d_ff_expert)
+            if found != exp:
+                wrong.append(f"{s.name}: expected shape {list(exp)}, found {list(found)}")
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint is missing tensors: {sorted(set(missing))[:5]}{more}")
+    if wrong:
+        raise ValueError("checkpoint tensors have the wrong shape: " + "; ".join(wrong[:5]))
+    mtp = [f"{prefix}model.layers.{c.n_layers + d}." for d in range(c.mtp_depth)]
+    ignorable = re.compile(r".*rotary_emb\.inv_freq$")
+    extra = []
+    for n in sorted(names - used):
+        if n.endswith("_scale_inv") and n[: -len("_scale_inv")] in used and block is not None:
+            continue
+        if ignorable.match(n) or any(
+            n in (m + "embed_tokens.weight", m + "shared_head.head.weight") for m in mtp
+        ):
+            continue  # derived buffers; MTP copies of the shared embedding and head
+        if c.tie_word_embeddings and n == f"{prefix}lm_head.weight":
+            continue
+        extra.append(n)
+    if extra:
+        more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
+        raise ValueError(f"checkpoint has unexpected tensors: {extra[:5]}{more}")
+
+
+def _read_matrix(src, s: Src, rows: slice, cols: slice, block) -> np.ndarray:
+    """HF matrix block [rows, cols] in float32, dequantising block-FP8 weights."""
+    lead = () if s.lead is None else (s.lead,)
+    r = slice(rows.start + s.row0, rows.stop + s.row0)
+    w = src.read(s.name, (*lead, r, cols))
+    scale_name = s.name + "_scale_inv"
+    if block is None or scale_name not in src:
+        return np.asarray(w, np.float32)
+    b0, b1 = block
+    sr = slice(r.start // b0, (r.stop - 1) // b0 + 1)
+    sc = slice(cols.start // b1, (cols.stop - 1) // b1 + 1)
+    scale = np.asarray(src.read(scale_name, (sr, sc)), np.float32)
+    scale = np.repeat(np.repeat(scale, b0, 0), b1, 1)
+    r_off, c_off = r.start - sr.start * b0, cols.start - sc.start * b1
+    scale = scale[r_off : r_off + w.shape[0], c_off : c_off + w.shape[1]]
+    return np.asarray(w, np.float32) * scale
+
+
+def _read_slice(src, s: Src, shape: tuple[int, ...], sl: tuple[slice, ...], block) -> np.ndarray:
+    """The c2 per-tensor array of `shape`, restricted to contiguous slices `sl`."""
+    if s.n_in is None:
+        if len(shape) == 2:
+            return _read_matrix(src, s, sl[0], sl[1], block)
+        return np.asarray(src.read(s.name, sl))
+    n_in = s.n_in
+    flat_in = np.arange(math.prod(shape[:n_in])).reshape(shape[:n_in])[sl[:n_in]]
+    flat_out = np.arange(math.prod(shape[n_in:])).reshape(shape[n_in:])[sl[n_in:]]
+    cols, rows = flat_in.ravel(), flat_out.ravel()
+    c0, r0 = int(cols.min()), int(rows.min())
+    m = _read_matrix(src, s, slice(r0, int(rows.max()) + 1), slice(c0, int(cols.max()) + 1), block)
+    return m[np.ix_(rows - r0, cols - c0)].T.reshape(*flat_in.shape, *flat_out.shape)
+
+
+def _make_leaf(leaf: Leaf, src, sharding, block) -> jax.Array:
+    dtype = _NP_DTYPES[leaf.dtype]
+    k = leaf.n_stack
+    per_tensor = leaf.shape[k:]
+    cache: dict = {}
+
+    def callback(index):
+        sl = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, leaf.shape))
+        key = tuple((s.start, s.stop) for s in sl)
+        if key not in cache:
+            stack = [range(s.start, s.stop) for s in sl[:k]]
+            parts = [
+                _read_slice(src, leaf.srcs[i], per_tensor, sl[k:], block).astype(dtype)
+                for i in np.ndindex(*(len(r) for r in stack))
+                for i in [tuple(r[j] for r, j in zip(stack, i))]
+            ]
+            shape = tuple(s.stop - s.start for s in sl)
+            cache[key] = np.stack(parts).reshape(shape) if k else parts[0].reshape(shape)
+        return cache[key]
+
+    return jax.make_array_from_callback(leaf.shape, sharding, callback)
+
+
+def _fp8_block(hf: dict) -> tuple[int, int] | None:
+    q = hf.get("quantization_config")
+    if not q:
+        return None
+    if q.get("quant_method") != "fp8" or q.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(
+            f"HF config quantization_config={q!r} is not supported by c2: expected block FP8 "
+            "(quant_method 'fp8', fmt 'e4m3') or no quantization"
+        )
+    return tuple(q.get("weight_block_size") or (128, 128))
+
+
+def _default_dtype(hf: dict) -> str:
+    d = hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"
+    return "float32" if d in ("float32", "float16") else "bfloat16"
+
+
+def from_hf_source(
+    src,
+    hf_config: dict,
+    *,
+    mesh: Mesh | None = None,
+    dtype: str | None = None,
+    strict: bool = True,
+) -> tuple[ModelConfig, dict]:
+    """(config, params) from a tensor source (`SafetensorsSource`, `DictSource`) and config.json.
+
+    `dtype` is the parameter dtype ("bfloat16" or "float32"; default: the checkpoint's, FP8 ->
+    bfloat16). With a mesh every leaf is created in its `param_shardings` shards.
+    """
+    cfg = config_from_hf(hf_config, strict=strict)
+    cfg = cfg.replace(param_dtype=dtype or _default_dtype(hf_config))
+    names = src.names()
+    prefix = _prefix(names)
+    # MTP layers: as many as the checkpoint holds (transformers' save_pretrained drops them).
+    depth = 0
+    while depth < cfg.mtp_depth and any(
+        n.startswith(f"{prefix}model.layers.{cfg.n_layers + depth}.") for n in names
+    ):
+        depth += 1
+    if depth < cfg.mtp_depth:
+        log.info("config has %d MTP layers, checkpoint holds %d", cfg.mtp_depth, depth)
+        cfg = cfg.replace(mtp_depth=depth)
+    fused = frozenset(
+        i
+        for i in range(cfg.n_layers + cfg.mtp_depth)
+        if f"{prefix}model.layers.{i}.mlp.experts.gate_up_proj" in names
+    )
+    block = _fp8_block(hf_config.get("text_config", hf_config))
+    leaves = _leaves(cfg, name_plan(cfg, prefix, fused))
+    _check_names(leaves, src, cfg, fused, prefix, block)
+    shardings = (
+        params_lib.param_shardings(cfg, mesh)
+        if mesh is not None
+        else jax.tree.map(
+            lambda _: SingleDeviceSharding(jax.devices()[0]), params_lib.abstract_params(cfg)
+        )
+    )
+    flat_sh = {
+        "/".join(str(k.key) for k in p): s
+        for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]
+    }
+    arrays = {}
+    for key, (path, leaf) in leaves.items():
+        arrays[path] = _make_leaf(leaf, src, flat_sh[key], block)
+    treedef = jax.tree.structure(params_lib.abstract_params(cfg))
+    return cfg, jax.tree.unflatten(treedef, [arrays[p] for p, _ in leaves.values()])
+
+
+def load_hf_checkpoint(
+    path: str | Path,
+    *,
+    mesh: Mesh | None = None,
+    dtype: str | None = None,
+    strict: bool = True,
+) -> tuple[ModelConfig, dict]:
+    """(config, params) from a transformers checkpoint directory (see the module docstring)."""
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.exists():
+        raise FileNotFoundError(f"no config.json in {path}")
+    src = SafetensorsSource(path)
+    try:
+        return from_hf_source(
+            src, json.loads(cfg_file.read_text()), mesh=mesh, dtype=dtype, strict=strict
+        )
+    finally:
+        src.close()
+
+
+# Export ----------------------------------------------------------------------------------------
+
+
+def _to_hf(x: np.ndarray, s: Src) -> np.ndarray:
+    if s.n_in is None:
+        return x
+    n_in = math.prod(x.shape[: s.n_in])
+    return np.ascontiguousarray(x.reshape(n_in, -1).T)
+
+
+def export_hf_checkpoint(
+    params: dict,
+    config: ModelConfig,
+    path: str | Path,
+    *,
+    max_shard_bytes: int = 5 * 2**30,
+) -> None:
+    """Write config.json + per-expert safetensors that transformers `from_pretrained` loads.
+
+    MTP layers go to `model.layers.{n_layers + d}.*` with copies of the embedding and head, as in
+    the DeepSeek-V3 release (transformers itself ignores them).
+    """
+    from safetensors.numpy import save_file
+
+    c = config
+    if c.mtp_depth and not c.is_mla:
+        raise ValueError("ModelConfig.mtp_depth>0 for qwen3_moe: Qwen3-MoE has no HF MTP format")
+    hf_cfg = config_to_hf(c)
+    leaves = _leaves(c, name_plan(c))
+    flat = {
+        "/".join(str(k.key) for k in p): x
+        for p, x in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    if set(flat) != set(leaves):
+        raise ValueError(
+            f"params do not match the config: missing {sorted(set(leaves) - set(flat))}, "
+            f"unexpected {sorted(set(flat) - set(leaves))}"
+        )
+    # (Src, leaf key, stack index) for every HF tensor, then greedy shards by bytes.
+    items = []
+    for key, (_, leaf) in leaves.items():
+        if flat[key].shape != leaf.shape:
+            raise ValueError(f"param {key}: expected shape {leaf.shape}, found {flat[key].shape}")
+        items += [(leaf.srcs[i], key, i) for i in np.ndindex(*leaf.srcs.shape)]
+    for d in range(c.mtp_depth):  # DeepSeek's MTP layers carry their own embedding and head
+        p = f"model.layers.{c.n_layers + d}."
+        items.append((Src(p + "embed_tokens.weight", None), "embed", ()))
+        head = ("embed", None) if c.tie_word_embeddings else ("lm_head", 1)
+        items.append((Src(p + "shared_head.head.weight", head[1]), head[0], ()))
+
+    def nbytes(key):
+        leaf = leaves[key][1]
+        return math.prod(leaf.shape[leaf.n_stack :]) * flat[key].dtype.itemsize
+
+    shards, size = [[]], 0
+    for it in items:
+        if shards[-1] and size + nbytes(it[1]) > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(it)
+        size += nbytes(it[1])
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weight_map, host = {}, {}
+    for n, shard in enumerate(shards):
+        fname = (
+            "model.safetensors"
+            if len(shards) == 1
+            else f"model-{n + 1:05d}-of-{len(shards):05d}.safetensors"
+        )
+        tensors = {}
+        for src, key, i in shard:
+            # One host transfer per layer (not per expert), dropped when the next leaf starts.
+            if (key, i[:1]) not in host:
+                host.clear()
+                host[key, i[:1]] = np.asarray(jax.device_get(flat[key][i[:1]]))
+            tensors[src.name] = _to_hf(host[key, i[:1]][i[1:]], src)
+            weight_map[src.name] = fname
+        save_file(tensors, str(path / fname), metadata={"format": "pt"})
+    if len(shards) > 1:
+        total = sum(nbytes(k) for _, k, _ in items)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (path / "config.json").write_text(json.dumps(hf_cfg, indent=2, sort_keys=True))
+
+
+# orbax and the CLI --------------------------------------------------------------------------------
+
+
+def config_to_json(c: ModelConfig) -> str:
+    return json.dumps(dataclasses.asdict(c), indent=2, sort_keys=True)
+
+
+def config_from_json(text: str) -> ModelConfig:
+    d = json.loads(text)
+    if d.get("rope_scaling") is not None:
+        d["rope_scaling"] = YarnConfig(**d["rope_scaling"])
+    return ModelConfig(**d)
+
+
+def save_orbax(params: dict, path: str | Path, config: ModelConfig | None = None) -> None:
+    """params to PATH/params (orbax) and, given a config, PATH/model_config.json."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    path.mkdir(parents=True, exist_ok=True)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(path / "params", params)
+    if config is not None:
+        (path / "model_config.json").write_text(config_to_json(config))
+
+
+def load_orbax(path: str | Path, mesh: Mesh | None = None) -> tuple[ModelConfig, dict]:
+    """(config, params) written by `save_orbax` (with a config); sharded when a mesh is given."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    cfg = config_from_json((path / "model_config.json").read_text())
+    abstract = params_lib.abstract_params(cfg)
+    if mesh is not None:
+        abstract = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract,
+            params_lib.param_shardings(cfg, mesh),
+        )
+    with ocp.StandardCheckpointer() as ckpt:
+        return cfg, ckpt.restore(path / "params", abstract)
+
+
+def _mesh_from_flag(spec: str) -> Mesh | None:
+    """ "fsdp=8,expert=1" -> a c2 mesh; "" -> None (one device)."""
+    if not spec:
+        return None
+    from c2 import sharding
+
+    sizes = {}
+    for part in spec.split(","):
+        k, _, v = part.partition("=")
+        if k not in sharding.MESH_AXES or not v.isdigit():
+            raise ValueError(
+                f"--mesh entry {part!r}: expected AXIS=N, AXIS in {sharding.MESH_AXES}"
+            )
+        sizes[k] = int(v)
+    return sharding.make_mesh(**sizes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m c2.model.hf", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    imp = sub.add_parser("import", help="HF safetensors dir -> orbax dir (+ model_config.json)")
+    imp.add_argument("src")
+    imp.add_argument("dst")
+    imp.add_argument("--dtype", choices=sorted(_NP_DTYPES), default=None)
+    imp.add_argument("--mesh", default="", help='e.g. "fsdp=8" (default: one device)')
+    imp.add_argument("--no-strict", action="store_true", help="warn on unknown HF config fields")
+    exp = sub.add_parser("export", help="orbax dir (from `import` or save_orbax) -> HF dir")
+    exp.add_argument("src")
+    exp.add_argument("dst")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    if args.cmd == "import":
+        mesh = _mesh_from_flag(args.mesh)
+        cfg, params = load_hf_checkpoint(
+            args.src, mesh=mesh, dtype=args.dtype, strict=not args.no_strict
+        )
+        save_orbax(params, args.dst, cfg)
+        total, active = params_lib.count_params(cfg, include_mtp=True)
+        log.info("imported %s -> %s: %.3gB params (%.3gB active)", args.src, args.dst,
+                 total / 1e9, active / 1e9)  # fmt: skip
+    else:
+        cfg, params = load_orbax(args.src)
+        export_hf_checkpoint(params, cfg, args.dst)
+        log.info("exported %s -> %s", args.src, args.dst)
+
+
+if __name__ == "__main__":
+    main()
