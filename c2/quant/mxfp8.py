@@ -65,6 +65,35 @@ def _resolve_impl(impl: str | None) -> str:
     return impl
 
 
+def _varying_axes(a) -> frozenset:
+    """The shard_map axes `a` varies over (empty outside shard_map)."""
+    aval = jax.typeof(a)
+    mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.8
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _vary_like(arrays, *others):
+    """`arrays` made varying over every shard_map axis any of arrays/others varies over.
+
+    Inside `jax.shard_map` a custom_vjp's cotangents must have its inputs' types: a replicated
+    weight used with sharded tokens is cast to varying first, and autodiff of that cast sums
+    (psums) its gradient over the axis, as for any jnp op. A no-op outside shard_map.
+    """
+    vmas = [_varying_axes(a) for a in (*arrays, *others)]
+    union = frozenset().union(*vmas)
+    out = []
+    for a, vma in zip(arrays, vmas):
+        missing = tuple(sorted(union - vma))
+        if missing:
+            a = (
+                lax.pcast(a, missing, to="varying")
+                if hasattr(lax, "pcast")
+                else lax.pvary(a, missing)
+            )
+        out.append(a)
+    return tuple(out)
+
+
 def _bits_to_scale(bits: jnp.ndarray) -> jnp.ndarray:
     return lax.bitcast_convert_type(bits.astype(jnp.uint8), SCALE_DTYPE)
 
@@ -227,6 +256,7 @@ def mxfp8_dot(
     _check_float("w", w_KM)
     if x_NK.ndim < 1 or w_KM.ndim != 2 or x_NK.shape[-1] != w_KM.shape[0]:
         raise ValueError(f"x {x_NK.shape} @ w {w_KM.shape}: expected x [..., K] and w [K, M]")
+    x_NK, w_KM = _vary_like((x_NK, w_KM))
     y = _dot(x_NK.reshape(-1, x_NK.shape[-1]), w_KM, bs, impl)
     return y.reshape(*x_NK.shape[:-1], w_KM.shape[1])
 
@@ -310,8 +340,8 @@ def _ragged_bwd(bs, res, dy_NM):
     # dw[g] = x_g.T @ dy_g: contraction over each group's tokens, blocks restarting per group.
     x_t = _fake_quant_grouped(x_NK, group_sizes_G, bs)
     dy_t = _fake_quant_grouped(dy_NM, group_sizes_G, bs)
-    zeros_w = jnp.zeros(w_GKM.shape, x_t.dtype)
-    _, ragged_vjp = jax.vjp(lambda w: _ragged_f32(x_t, w, group_sizes_G), zeros_w)
+    # The map w -> ragged_dot(x_t, w) is linear, so its vjp at any w is the grouped x_t.T @ dy_t.
+    _, ragged_vjp = jax.vjp(lambda w: _ragged_f32(x_t, w, group_sizes_G), w_GKM.astype(x_t.dtype))
     (dw,) = ragged_vjp(dy_t.astype(jnp.float32))
     return dx.astype(x_NK.dtype), dw.astype(w_GKM.dtype), None
 
@@ -341,4 +371,5 @@ def mxfp8_ragged_dot(
             f"group_sizes {group_sizes_G.shape} {group_sizes_G.dtype}: "
             f"expected int [{w_GKM.shape[0]}] (one size per group of w)"
         )
+    x_NK, w_GKM = _vary_like((x_NK, w_GKM), group_sizes_G)
     return _ragged(x_NK, w_GKM, group_sizes_G.astype(jnp.int32), bs)
