@@ -6,7 +6,9 @@ The train step calls, per optimiser step:
   loss, metrics  = rl_loss(cfg, logp_BT, behaviour_logp_BT, advantages_B, keep_BT, ...)
 with the whole batch for the first two (groups and quantiles are batch-wide), and rl_loss per
 micro-batch with the whole batch's `loss_normalizers`, so the summed loss is the whole batch's.
-With kl_placement="reward", the KL enters total_reward_B through `sequence_kl` and
+With kl_placement="reward", the KL enters total_reward_B through
+`sequence_kl(sampling_logp_BT, ref_logp_BT, keep_BT, cfg.kl_kind)` (the sampling policy's logprobs:
+the trainer's recomputed ones, or the engine's when no extra forward pass is wanted) and
 `combine_rewards(..., weights={"kl": cfg.kl_beta})`; with "loss", rl_loss adds it per token.
 """
 
