@@ -1,0 +1,282 @@
+"""Multi-dimensional grading of one episode (RECIPE.md section 3): correctness (fail-to-pass and
+pass-to-pass results of the hidden tests), code quality (new ruff findings in the changed files),
+efficiency (tokens, tool calls, wall time) and interaction (a final message, invalid tool calls).
+
+Hidden tests run in a sandbox over the final workspace, mounted read-only, with the pristine tests
+from the task directory: whatever the agent did to its copy of the tests does not count.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from c2.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
+from c2.envs.tasks import Task
+
+_PLUGIN = Path(__file__).with_name("grading_plugin.py")
+RUFF_SELECT = "E,F,W,B,SIM"
+
+
+@dataclasses.dataclass
+class TestRun:
+    """Per-test outcomes ("passed", "failed", "skipped", or absent: never ran)."""
+
+    outcomes: dict[str, str]
+    error: str | None
+    sandbox: SandboxResult | None = None
+
+    def passed(self, test_id: str) -> bool:
+        return self.outcomes.get(test_id) == "passed"
+
+
+@dataclasses.dataclass
+class GradeRecord:
+    task_id: str
+    episode_id: str | None
+    passed: bool
+    failure_reason: str | None
+    correctness: dict
+    quality: dict
+    efficiency: dict
+    interaction: dict
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _sandbox_limits(task: Task, base: SandboxLimits) -> SandboxLimits:
+    return dataclasses.replace(base, timeout_s=task.test_timeout_s, max_output_bytes=1 << 20)
+
+
+def run_hidden_tests(
+    task: Task, workspace: str | os.PathLike, sandbox: Sandbox, limits: SandboxLimits | None = None
+) -> TestRun:
+    """Run the task's hidden tests against `workspace` in a sandbox."""
+    limits = _sandbox_limits(task, limits or sandbox.limits)
+    if task.grader == "harbor":
+        return _run_harbor(task, workspace, sandbox, limits)
+    return pytest_outcomes(
+        task.tests_dir, workspace, sandbox, limits=limits, mount_at=task.mount_at
+    )
+
+
+def pytest_outcomes(
+    tests_dir: str | os.PathLike,
+    workspace: str | os.PathLike,
+    sandbox: Sandbox,
+    *,
+    limits: SandboxLimits,
+    mount_at: str = "/workspace",
+) -> TestRun:
+    """Per-test outcomes of running `tests_dir` (mounted read-only at /grading/tests, so ids
+    read "tests/test_x.py::test_y") against `workspace` (read-only at `mount_at`)."""
+    _need_namespaces(sandbox)
+    cmd = ["python", "-P", "-m", "pytest", "-p", "grading_plugin", "-p", "no:cacheprovider"]
+    cmd += ["-c", "/dev/null", "--rootdir=/grading", "-q", "/grading/tests"]
+    env = {
+        "PYTHONPATH": "/grading",
+        "C2_WORKSPACE": mount_at,
+        "C2_GRADING_OUT": "/grading/out/results.json",
+    }
+    with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
+        sandbox.give_workspace(out)
+        binds = [
+            (tests_dir, "/grading/tests", False),
+            (_PLUGIN, "/grading/grading_plugin.py", False),
+            (out, "/grading/out", True),
+        ]
+        r = sandbox.run(
+            cmd, workspace, limits=limits, mount_at=mount_at, readonly=True, binds=binds, env=env
+        )
+        data = _read_json(Path(out) / "results.json", 16 << 20)
+    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), dict):
+        why = f"limit {r.limit}" if r.limit else f"exit code {r.exit_code}: {r.stderr[-300:]}"
+        return TestRun({}, f"hidden tests produced no results ({why})", r)
+    outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}
+    error = f"stopped by limit {r.limit}" if r.limit else None
+    if data.get("collect_errors"):
+        error = f"collection errors in {list(data['collect_errors'])[:3]}"
+    return TestRun(outcomes, error, r)
+
+
+def _need_namespaces(sandbox: Sandbox) -> None:
+    if not sandbox.isolated:
+        raise RuntimeError(
+            f"grading needs a namespace sandbox; this machine has {sandbox.isolation.describe()}"
+        )
+
+
+def _read_json(path: Path, max_bytes: int):
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
+            return None
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _run_harbor(task, workspace, sandbox, limits) -> TestRun:
+    _need_namespaces(sandbox)
+    with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
+        (Path(out) / "verifier").mkdir()
+        sandbox.give_workspace(out)
+        binds = [(task.tests_dir, "/tests", False), (out, "/logs", True)]
+        r = sandbox.run(
+            ["bash", "/tests/test.sh"],
+            workspace,
+            limits=limits,
+            mount_at=task.mount_at,
+            binds=binds,
+        )
+        reward = _harbor_reward(Path(out) / "verifier")
+    test_id = task.fail_to_pass[0]
+    if reward is None:
+        why = f"limit {r.limit}" if r.limit else f"exit code {r.exit_code}"
+        return TestRun({test_id: "failed"}, f"test.sh wrote no reward ({why})", r)
+    return TestRun({test_id: "passed" if reward >= 1.0 else "failed"}, None, r)
+
+
+def _harbor_reward(verifier: Path) -> float | None:
+    """reward.txt (one number) or reward.json ({"reward": x} or its first value)."""
+    txt = verifier / "reward.txt"
+    try:
+        if txt.is_file() and not txt.is_symlink() and txt.stat().st_size < 4096:
+            return float(txt.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    data = _read_json(verifier / "reward.json", 1 << 16)
+    if isinstance(data, dict):
+        data = data.get("reward", next(iter(data.values()), None))
+    return float(data) if isinstance(data, int | float) and not isinstance(data, bool) else None
+
+
+# ---------------------------------------------------------------------- code quality
+
+
+def _ruff_binary() -> str | None:
+    try:
+        from ruff.__main__ import find_ruff_bin
+
+        return find_ruff_bin()
+    except (ImportError, FileNotFoundError):
+        return shutil.which("ruff")
+
+
+def ruff_findings(source: str, filename: str, ruff: str) -> collections.Counter:
+    """Rule codes ruff reports for one file's text (read from stdin: nothing is executed)."""
+    cmd = [ruff, "check", "--isolated", "--no-cache", "--output-format", "json"]
+    cmd += ["--select", RUFF_SELECT, "--line-length", "100", "--stdin-filename", filename, "-"]
+    p = subprocess.run(cmd, input=source.encode(), capture_output=True, timeout=60)
+    try:
+        return collections.Counter(f["code"] or "syntax" for f in json.loads(p.stdout or b"[]"))
+    except ValueError:
+        return collections.Counter({"ruff_failed": 1})
+
+
+def _regular_text(path: Path) -> str | None:
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+        return None
+    return path.read_text(errors="replace")
+
+
+def changed_files(original: Path, final: Path) -> list[str]:
+    """Regular files added or modified by the agent (symlinks are never followed)."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(final):
+        dirnames[:] = [d for d in dirnames if d not in (".git", "__pycache__", ".pytest_cache")]
+        for name in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, name), final)
+            new, old = _regular_text(final / rel), _regular_text(original / rel)
+            if new is not None and new != old:
+                out.append(rel)
+    return sorted(out)
+
+
+def code_quality(original: Path, final: Path) -> dict:
+    files = [f for f in changed_files(original, final) if f.endswith(".py")]
+    ruff = _ruff_binary()
+    if ruff is None:
+        return {"available": False, "changed_py_files": files, "new_findings": None}
+    new_by_rule: collections.Counter = collections.Counter()
+    for rel in files:
+        after = ruff_findings(_regular_text(final / rel), rel, ruff)
+        before_text = _regular_text(original / rel)
+        before = ruff_findings(before_text, rel, ruff) if before_text is not None else {}
+        for code, n in after.items():
+            new_by_rule[code] += max(0, n - before.get(code, 0))
+    new_by_rule = +new_by_rule  # drop zeros
+    return {
+        "available": True,
+        "changed_py_files": files,
+        "new_findings": sum(new_by_rule.values()),
+        "new_findings_by_rule": dict(sorted(new_by_rule.items())),
+    }
+
+
+# ---------------------------------------------------------------------- the record
+
+
+def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=None) -> GradeRecord:
+    """Grade the final `workspace` of one episode (an episode.Episode, or None: no trajectory)."""
+    workspace = Path(workspace)
+    quality = code_quality(task.workspace_dir, workspace)
+    tests = run_hidden_tests(task, workspace, sandbox)
+    f2p = {t: tests.passed(t) for t in task.fail_to_pass}
+    p2p = {t: tests.passed(t) for t in task.pass_to_pass}
+    correctness = {
+        "fail_to_pass": f2p,
+        "pass_to_pass": p2p,
+        "f2p_passed": sum(f2p.values()),
+        "f2p_total": len(f2p),
+        "p2p_passed": sum(p2p.values()),
+        "p2p_total": len(p2p),
+        "tests_error": tests.error,
+    }
+    passed = all(f2p.values()) and all(p2p.values())
+    reasons = []
+    if tests.error:
+        reasons.append(tests.error)
+    if not all(f2p.values()):
+        failed = [t for t, ok in f2p.items() if not ok]
+        reasons.append(f"fail_to_pass still failing: {_few(failed)}")
+    if not all(p2p.values()):
+        reasons.append(f"pass_to_pass broken: {_few([t for t, ok in p2p.items() if not ok])}")
+    ep = episode
+    limits_hit = sorted({x for r in ep.sandbox_results for x in r.limits_hit}) if ep else []
+    if limits_hit:
+        reasons.append(f"sandbox limits hit during the episode: {', '.join(limits_hit)}")
+    efficiency = {
+        "model_tokens": ep.model_tokens if ep else None,
+        "turns": ep.turns if ep else None,
+        "tool_calls": ep.tool_calls if ep else None,
+        "wall_s": ep.wall_s if ep else None,
+    }
+    interaction = {
+        "final_message": bool(ep and ep.final_message),
+        "submitted": bool(ep and ep.submitted),
+        "invalid_tool_calls": ep.invalid_tool_calls if ep else None,
+        "tool_errors": ep.tool_errors if ep else None,
+        "stop_reason": ep.stop_reason if ep else None,
+        "sandbox_limits_hit": limits_hit,
+    }
+    return GradeRecord(
+        task_id=task.task_id,
+        episode_id=ep.episode_id if ep else None,
+        passed=passed,
+        failure_reason=None if passed else "; ".join(reasons) or "unknown",
+        correctness=correctness,
+        quality=quality,
+        efficiency=efficiency,
+        interaction=interaction,
+    )
+
+
+def _few(ids: list[str], k: int = 3) -> str:
+    return ", ".join(ids[:k]) + (f" (+{len(ids) - k} more)" if len(ids) > k else "")

@@ -1,0 +1,146 @@
+"""The task format on disk (RECIPE.md section 3).
+
+    <task>/workspace/        the repository the agent works in
+    <task>/instruction.md    the short instruction it is given
+    <task>/tests/            hidden tests: never inside the sandbox while the agent works
+    <task>/solution/         the reference fix, as files relative to workspace/ (for the oracle)
+    <task>/metadata.json     fail_to_pass, pass_to_pass, difficulty, seed, source, grader, ...
+
+Graders: "pytest" runs tests/ with pytest and reads per-test outcomes; "harbor" runs
+tests/test.sh and reads /logs/verifier/reward.txt or reward.json (Harbor's convention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+REQUIRED_METADATA = ("task_id", "fail_to_pass", "pass_to_pass", "difficulty", "seed", "source")
+GRADERS = ("pytest", "harbor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    root: Path
+    instruction: str
+    metadata: Mapping
+
+    @property
+    def task_id(self) -> str:
+        return self.metadata["task_id"]
+
+    @property
+    def workspace_dir(self) -> Path:
+        return self.root / "workspace"
+
+    @property
+    def tests_dir(self) -> Path:
+        return self.root / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.root / "solution"
+
+    @property
+    def fail_to_pass(self) -> list[str]:
+        return list(self.metadata["fail_to_pass"])
+
+    @property
+    def pass_to_pass(self) -> list[str]:
+        return list(self.metadata["pass_to_pass"])
+
+    @property
+    def grader(self) -> str:
+        return self.metadata.get("grader", "pytest")
+
+    @property
+    def mount_at(self) -> str:
+        """Where the workspace appears in the sandbox (Harbor tasks expect /app)."""
+        return self.metadata.get("mount_at", "/workspace")
+
+    @property
+    def test_timeout_s(self) -> float:
+        return float(self.metadata.get("test_timeout_s", 120))
+
+    def materialize(self, dest: str | os.PathLike) -> Path:
+        """A private copy of the workspace for one episode (symlinks copied as links)."""
+        dest = Path(dest)
+        shutil.copytree(self.workspace_dir, dest, symlinks=True)
+        return dest
+
+
+def validate_metadata(meta: Mapping, where: str) -> None:
+    missing = [k for k in REQUIRED_METADATA if k not in meta]
+    if missing:
+        raise ValueError(f"{where}: metadata is missing {missing}")
+    for k in ("fail_to_pass", "pass_to_pass"):
+        if not isinstance(meta[k], list) or not all(isinstance(t, str) for t in meta[k]):
+            raise ValueError(f"{where}: metadata[{k!r}]={meta[k]!r}: expected a list of test ids")
+    if not meta["fail_to_pass"]:
+        raise ValueError(f"{where}: metadata['fail_to_pass'] is empty: nothing to solve")
+    if meta.get("grader", "pytest") not in GRADERS:
+        raise ValueError(
+            f"{where}: metadata['grader']={meta['grader']!r}: expected one of {GRADERS}"
+        )
+
+
+def load_task(path: str | os.PathLike) -> Task:
+    root = Path(path)
+    for need in ("workspace", "instruction.md", "tests", "metadata.json"):
+        if not (root / need).exists():
+            raise FileNotFoundError(f"task {str(root)!r}: missing {need}")
+    meta = json.loads((root / "metadata.json").read_text())
+    validate_metadata(meta, str(root / "metadata.json"))
+    return Task(root.resolve(), (root / "instruction.md").read_text(), meta)
+
+
+def load_tasks(path: str | os.PathLike) -> list[Task]:
+    """One task directory, or a directory of task directories (sorted by name)."""
+    root = Path(path)
+    if (root / "metadata.json").exists():
+        return [load_task(root)]
+    tasks = [load_task(d) for d in sorted(root.iterdir()) if (d / "metadata.json").exists()]
+    if not tasks:
+        raise FileNotFoundError(f"{str(root)!r}: no task directories (with metadata.json) found")
+    return tasks
+
+
+def _write_files(base: Path, files: Mapping[str, str | bytes]) -> None:
+    for rel, content in files.items():
+        p = base / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute() or not rel:
+            raise ValueError(f"file path {rel!r}: expected a plain relative path")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+
+
+def write_task(
+    root: str | os.PathLike,
+    *,
+    instruction: str,
+    metadata: Mapping,
+    workspace: Mapping[str, str | bytes],
+    tests: Mapping[str, str | bytes],
+    solution: Mapping[str, str | bytes] | None = None,
+) -> Task:
+    """Write a task directory (which must not exist yet) and load it back."""
+    root = Path(root)
+    validate_metadata(metadata, str(root))
+    root.mkdir(parents=True)
+    (root / "workspace").mkdir()
+    (root / "tests").mkdir()
+    _write_files(root / "workspace", workspace)
+    _write_files(root / "tests", tests)
+    if solution:
+        (root / "solution").mkdir()
+        _write_files(root / "solution", solution)
+    (root / "instruction.md").write_text(instruction.rstrip() + "\n")
+    (root / "metadata.json").write_text(json.dumps(dict(metadata), indent=2, sort_keys=True) + "\n")
+    return load_task(root)
