@@ -8,8 +8,10 @@ differs from the default's is wrong. `validate_stage` adds the checks that need 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import ml_collections
 
@@ -39,7 +41,7 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.model.quant = "bf16"
     # Any other c2.model.ModelConfig field, by name (checked against the dataclass).
     c.model.overrides = ml_collections.ConfigDict()
-    # YaRN RoPE scaling; factor 0 means none (plain RoPE).
+    # YaRN RoPE scaling; factor 0 keeps the preset's own (none for the tiny presets).
     c.model.yarn = ml_collections.ConfigDict()
     c.model.yarn.factor = 0.0
     c.model.yarn.original_max_position_embeddings = 0
@@ -238,3 +240,14 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
             f"axes data*fsdp={batch_axes}"
         )
     return mesh
+
+
+def load_config(path: str | Path, arg: str | None = None) -> ml_collections.ConfigDict:
+    """`get_config(arg)` of a config file, as `--config=path[:arg]` would load it."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"c2_config_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"--config={path}: not a Python config file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg) if arg is not None else module.get_config()

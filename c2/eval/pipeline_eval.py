@@ -1,0 +1,135 @@
+"""The main job's evaluation: held-out bits per byte of every stage's weights at the short and
+the extended length, MTP acceptance, and SFT response bits per byte; then the report.
+
+Rows, in order: the untrained model; each stage's final weights under that stage's model config;
+and, for the first stage that adds YaRN, the previous stage's weights with YaRN switched on but no
+training (separates what the rescaling does from what the extension training does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from c2 import model as model_lib
+from c2.data import pipeline as data_pipeline
+from c2.eval.bpb import heldout_bpb
+from c2.train import lm
+from c2.train.checkpoint import Checkpointer
+
+log = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+
+
+def eval_defaults() -> ml_collections.ConfigDict:
+    """The `config.eval` section of a pipeline config."""
+    e = ml_collections.ConfigDict()
+    e.corpus = "stdlib"
+    e.short_seq_len = 128
+    e.long_seq_len = 1024
+    # Batches are sized so both lengths read the same number of held-out tokens.
+    e.short_batch_size = 16
+    e.short_batches = 8
+    e.long_batch_size = 4
+    e.long_batches = 4
+    e.sft_batches = 4
+    return e
+
+
+def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
+    """The final parameters of a finished stage, laid out on `mesh`."""
+    cfg = lm.model_config(stage)
+    shardings = model_lib.param_shardings(cfg, mesh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        model_lib.abstract_params(cfg),
+        shardings,
+    )
+    ckpt = Checkpointer(stage_dir / "checkpoints")
+    found = ckpt.restore_latest(abstract, None, set_aside=False)
+    ckpt.close()
+    if found is None:
+        raise FileNotFoundError(f"no readable checkpoint in {stage_dir / 'checkpoints'}")
+    step, params, _, _ = found
+    if step != stage.train.steps:
+        raise RuntimeError(f"{stage_dir}: latest checkpoint is step {step}, not the final one")
+    return params
+
+
+def _models(stages: dict, workdir: Path, mesh):
+    """(label, ModelConfig, params) for every row of the evaluation."""
+    names = list(stages)
+    first = stages[names[0]]
+    cfg0 = lm.model_config(first)
+    rows = [
+        ("untrained", cfg0, model_lib.init_params(cfg0, jax.random.key(first.train.seed), mesh))
+    ]
+    prev_cfg = prev_params = prev_name = None
+    yarn_shown = False
+    for name in names:
+        cfg = lm.model_config(stages[name])
+        params = stage_params(stages[name], workdir / name, mesh)
+        if cfg.rope_scaling is not None and prev_cfg is not None and not yarn_shown:
+            if prev_cfg.rope_scaling is None:
+                rows.append((f"{prev_name} + YaRN, untrained", cfg, prev_params))
+            yarn_shown = True
+        rows.append((f"after {name}", cfg, params))
+        prev_cfg, prev_params, prev_name = cfg, params, name
+    return rows
+
+
+def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Path) -> dict:
+    """Runs every measurement and writes DIR/eval.json; returns {"rows": [...], ...}."""
+    workdir = Path(workdir)
+    ec = config.eval
+    first = next(iter(stages.values()))
+    mesh_sizes, _ = lm.validate(first, jax.device_count())
+    mesh = lm.make_mesh(mesh_sizes)
+    tok = first.data.tokenizer
+    short = data_pipeline.make_eval_batches(
+        ec.corpus, tok, ec.short_seq_len, ec.short_batch_size, max_batches=ec.short_batches
+    )
+    long = data_pipeline.make_eval_batches(
+        ec.corpus, tok, ec.long_seq_len, ec.long_batch_size, max_batches=ec.long_batches
+    )
+    sft_stage = next((s for s in stages.values() if s.data.kind == "sft"), None)
+    sft = None
+    if sft_stage is not None:
+        sft = data_pipeline.make_sft_eval_batches(
+            sft_stage.data.corpus,
+            tok,
+            sft_stage.data.seq_len,
+            sft_stage.data.batch_size,
+            max_batches=ec.sft_batches,
+        )
+    rows = []
+    for label, cfg, params in _models(stages, workdir, mesh):
+        s = heldout_bpb(params, cfg, short, mesh)
+        lg = heldout_bpb(params, cfg, long, mesh)
+        row = {
+            "model": label,
+            "yarn": cfg.rope_scaling is not None,
+            "bpb_short": s["bpb"],
+            "bpb_long": lg["bpb"],
+            "mtp1_acceptance": s.get("mtp1_acceptance"),
+            "mtp1_acceptance_long": lg.get("mtp1_acceptance"),
+        }
+        if sft is not None:
+            row["sft_bpb"] = heldout_bpb(params, cfg, sft, mesh)["bpb"]
+        log.info("eval %s", row)
+        rows.append(row)
+    results = {
+        "short_seq_len": ec.short_seq_len,
+        "long_seq_len": ec.long_seq_len,
+        "short_tokens": s["tokens"],
+        "long_tokens": lg["tokens"],
+        "sft_seq_len": sft_stage.data.seq_len if sft_stage is not None else None,
+        "rows": rows,
+    }
+    (workdir / EVAL_FILE).write_text(json.dumps(results, indent=2))
+    return results

@@ -1,0 +1,45 @@
+"""The entry point: python -m c2.main --config=experiments/X.py[:arg] --workdir=DIR [--config.a.b=v]
+
+A config with `stages` runs the pipeline (stages, evaluation, report); any other config trains one
+stage. Either resumes by itself from an existing DIR. Logic lives in c2/train/pipeline.py.
+"""
+
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from c2.train import pipeline
+from c2.train.config import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and reports.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def parse_flags(argv):
+    """absl parsing; an override of an unknown config field exits with one line naming it."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError) as e:
+        hint = re.search(r'Did you mean "[^"]+"', str(e))
+        given = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+        sys.exit(
+            f"config error: unknown field in an override {given}"
+            + (f" ({hint.group(0)}?)" if hint else "")
+        )
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.INFO)
+    try:
+        pipeline.run(_CONFIG.value, _WORKDIR.value)
+    except ConfigError as e:  # a user mistake: one clear line, no traceback
+        sys.exit(f"config error: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,238 @@
+"""The language-model task of a pretraining / long-context / SFT stage (RECIPE.md section 1).
+
+Builds the model config from the stage config, the mesh, the loss (next-token CE + MTP
+self-distillation + optional balance loss), the aux-loss-free router-bias update, the grain
+pipelines and the held-out evaluation, as a `c2.train.loop.Task`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from c2 import model as model_lib
+from c2 import sharding
+from c2.data import pipeline as data_pipeline
+from c2.data.tokenizer import load_tokenizer
+from c2.eval.bpb import heldout_bpb
+from c2.train.config import ConfigError, validate_stage
+from c2.train.loop import Task
+from c2.train.losses import mtp_distillation, next_token_loss
+
+log = logging.getLogger(__name__)
+
+_OVERRIDE_FIELDS = {
+    f.name: f for f in dataclasses.fields(model_lib.ModelConfig) if f.name != "rope_scaling"
+}
+
+
+def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
+    """The ModelConfig a stage trains: the preset, then dtype/quant, overrides and YaRN."""
+    mc = config.model
+    known = sorted(model_lib.presets.PRESETS)
+    if mc.preset not in known:
+        raise ConfigError(f"config.model.preset={mc.preset!r}: unknown; known: {known}")
+    base = model_lib.presets.get(mc.preset)
+    fields = {"dtype": mc.dtype, "param_dtype": mc.param_dtype, "quant": mc.quant}
+    for key, value in mc.overrides.items():
+        if key not in _OVERRIDE_FIELDS:
+            raise ConfigError(
+                f"config.model.overrides.{key}: not a ModelConfig field; known: "
+                f"{sorted(_OVERRIDE_FIELDS)}"
+            )
+        current = getattr(base, key)
+        int_for_float = isinstance(current, float) and isinstance(value, int)
+        if current is not None and not isinstance(value, type(current)) and not int_for_float:
+            raise ConfigError(
+                f"config.model.overrides.{key}: expected {type(current).__name__}, got "
+                f"{type(value).__name__} ({value!r})"
+            )
+        fields[key] = value
+    if mc.yarn.factor:
+        fields["rope_scaling"] = model_lib.YarnConfig(
+            factor=float(mc.yarn.factor),
+            original_max_position_embeddings=int(mc.yarn.original_max_position_embeddings),
+            beta_fast=float(mc.yarn.beta_fast),
+            beta_slow=float(mc.yarn.beta_slow),
+            mscale=float(mc.yarn.mscale),
+            mscale_all_dim=float(mc.yarn.mscale_all_dim),
+        )
+    try:
+        cfg = base.replace(**fields)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model: {e}") from e
+    if config.data.seq_len > cfg.max_seq_len:
+        raise ConfigError(
+            f"config.data.seq_len={config.data.seq_len} exceeds the model's max_seq_len="
+            f"{cfg.max_seq_len} (set config.model.overrides.max_seq_len)"
+        )
+    return cfg
+
+
+def check_model_against_data(cfg: model_lib.ModelConfig, config, mesh_sizes: dict) -> None:
+    """What the mesh and tokenizer need from the model, named by field."""
+    vocab = load_tokenizer(config.data.tokenizer).vocab_size
+    if cfg.vocab_size < vocab:
+        raise ConfigError(
+            f"config.model: vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab} "
+            f"(config.data.tokenizer={config.data.tokenizer!r})"
+        )
+    if cfg.n_experts % mesh_sizes["expert"]:
+        raise ConfigError(
+            f"config.mesh.expert={mesh_sizes['expert']} does not divide the model's "
+            f"n_experts={cfg.n_experts}"
+        )
+    if cfg.n_heads % mesh_sizes["tensor"]:
+        raise ConfigError(
+            f"config.mesh.tensor={mesh_sizes['tensor']} does not divide n_heads={cfg.n_heads}"
+        )
+    batch_axes = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)
+    if config.data.batch_size % batch_axes:
+        raise ConfigError(
+            f"config.data.batch_size={config.data.batch_size} is not divisible by the batch "
+            f"axes {sharding.BATCH_AXES} of total size {batch_axes}"
+        )
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int):
+    """The whole stage check, before anything compiles: (mesh sizes, ModelConfig)."""
+    mesh_sizes = validate_stage(config, num_devices)
+    cfg = model_config(config)
+    check_model_against_data(cfg, config, mesh_sizes)
+    return mesh_sizes, cfg
+
+
+def router_stats(expert_load_LE: jax.Array, dropped, n_assignments) -> dict[str, jax.Array]:
+    """Load balance per MoE layer, averaged: max/mean expert load (1 = perfectly balanced)."""
+    load = expert_load_LE.astype(jnp.float32)
+    mean = jnp.maximum(jnp.mean(load, axis=-1), 1e-9)
+    return {
+        "router_max_over_mean": jnp.mean(jnp.max(load, axis=-1) / mean),
+        "router_min_over_mean": jnp.mean(jnp.min(load, axis=-1) / mean),
+        "router_dropped": jnp.asarray(dropped, jnp.float32),
+        "router_dropped_frac": jnp.asarray(dropped, jnp.float32) / jnp.maximum(n_assignments, 1),
+    }
+
+
+def lm_loss(params, batch, rng, *, cfg: model_lib.ModelConfig, tc, mesh):
+    """Next-token CE (+ mtp_weight * MTP self-distillation + balance_weight * balance loss)."""
+    del rng  # no dropout: the step is a deterministic function of params and batch
+    logits_BTV, aux = model_lib.forward(
+        params,
+        batch["inputs"],
+        cfg,
+        positions=batch["positions"],
+        segment_ids=batch["segment_ids"],
+        mesh=mesh,
+    )
+    mask_BT = batch["loss_mask"].astype(jnp.float32)
+    ce, nll_sum, n_tokens = next_token_loss(logits_BTV, batch["targets"], mask_BT)
+    n_bytes = jnp.sum(batch["target_bytes"].astype(jnp.float32) * mask_BT)
+    loss = ce
+    metrics = {
+        "ce_loss": ce,
+        "bpb": nll_sum / (math.log(2.0) * jnp.maximum(n_bytes, 1.0)),
+        "target_tokens": n_tokens,
+    }
+    if cfg.mtp_depth:
+        mtp_DBTV = model_lib.mtp_logits(params, aux, cfg)
+        mtp_loss, mtp_metrics = mtp_distillation(
+            mtp_DBTV, logits_BTV, batch["segment_ids"], mask_BT, tc.mtp_distill
+        )
+        loss = loss + tc.mtp_weight * mtp_loss
+        metrics |= {"mtp_loss": mtp_loss} | {
+            k: v for k, v in mtp_metrics.items() if not k.endswith("_positions")
+        }
+    if "expert_load" in aux:
+        metrics["balance_loss"] = aux["balance_loss"]
+        if tc.balance_weight:
+            loss = loss + tc.balance_weight * aux["balance_loss"]
+        n_assign = jnp.sum(batch["segment_ids"] != 0) * cfg.n_experts_per_token * cfg.n_moe_layers
+        metrics |= router_stats(aux["expert_load"], aux["dropped"], n_assign)
+    return loss, (metrics, {"expert_load": aux.get("expert_load")})
+
+
+@functools.cache
+def measured_peak_flops(dtype: str) -> float:
+    """The machine's measured matmul peak per device (once per process), for MFU."""
+    from c2.bench.peak import matmul_peak_flops
+
+    return float(matmul_peak_flops(dtype))
+
+
+def _train_dataset(config):
+    d = config.data
+    if d.kind == "sft":
+        return data_pipeline.make_sft_dataset(
+            d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, split="train"
+        )
+    return data_pipeline.make_pretrain_dataset(
+        d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, split="train"
+    )
+
+
+def eval_batches(config, seq_len: int | None = None, kind: str | None = None):
+    """The stage's fixed held-out batches (pretraining text, or SFT responses)."""
+    d = config.data
+    make = (
+        data_pipeline.make_sft_eval_batches
+        if (kind or d.kind) == "sft"
+        else data_pipeline.make_eval_batches
+    )
+    return make(
+        d.corpus, d.tokenizer, seq_len or d.seq_len, d.batch_size, max_batches=d.eval_batches
+    )
+
+
+def make_mesh(mesh_sizes: dict) -> jax.sharding.Mesh:
+    return sharding.make_mesh(**mesh_sizes)
+
+
+def build_task(config: ml_collections.ConfigDict) -> Task:
+    """The LM Task of a stage config (validated first; nothing is compiled here)."""
+    mesh_sizes, cfg = validate(config, jax.device_count())
+    mesh = make_mesh(mesh_sizes)
+    shardings = model_lib.param_shardings(cfg, mesh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        model_lib.abstract_params(cfg),
+        shardings,
+    )
+    tc = config.train
+    post_update = None
+    if cfg.n_moe_layers and tc.router_bias_rate:
+        post_update = lambda params, aux: model_lib.update_router_bias(  # noqa: E731
+            params, aux, cfg, tc.router_bias_rate
+        )
+    heldout = []
+
+    def evaluate(params):
+        if not heldout:
+            heldout.extend(eval_batches(config))
+        return heldout_bpb(params, cfg, heldout, mesh)
+
+    def import_params(path):
+        hf_cfg, params = model_lib.load_hf_checkpoint(path)
+        del hf_cfg
+        return jax.device_put(params, shardings)
+
+    peak = measured_peak_flops(cfg.dtype) if tc.measure_peak else 0.0
+    return Task(
+        mesh=mesh,
+        abstract_params=abstract,
+        init_params=lambda key: model_lib.init_params(cfg, key, mesh),
+        loss_fn=functools.partial(lm_loss, cfg=cfg, tc=tc, mesh=mesh),
+        make_train_iter=lambda: iter(_train_dataset(config)),
+        batch_sharding=sharding.batch_sharding(mesh),
+        post_update=post_update,
+        evaluate=evaluate,
+        flops_per_token=model_lib.flops_per_token(cfg, config.data.seq_len),
+        peak_flops_per_device=peak,
+        import_params=import_params,
+    )

@@ -1,0 +1,114 @@
+"""What `python -m c2.main` runs: one stage, or a pipeline of stages then evaluation and a report.
+
+A config with a `stages` field is a pipeline (experiments/pipeline_tiny.py): its stages run in
+`stage_order`, each in DIR/<stage>, each starting from the previous stage's checkpoint unless it
+names its own `init_from`; then c2.eval.pipeline_eval measures held-out bits per byte and MTP
+acceptance of every stage's weights and writes DIR/report.md with PNG plots. Any other config is
+a single stage trained in DIR. Both resume by themselves from an existing DIR.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from pathlib import Path
+
+import jax
+import ml_collections
+
+from c2.train import lm
+from c2.train import metrics as metrics_lib
+from c2.train.config import ConfigError
+from c2.train.loop import train
+
+log = logging.getLogger(__name__)
+
+PIPELINE_FIELDS = ("name", "train", "init_from", "stage_order", "stages", "eval")
+
+
+def is_pipeline(config: ml_collections.ConfigDict) -> bool:
+    return "stages" in config
+
+
+def stage_configs(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+    """{stage name: resolved stage config} with each init_from chained to the previous stage."""
+    unknown = sorted(set(config.keys()) - set(PIPELINE_FIELDS))
+    if unknown:
+        raise ConfigError(f"config.{unknown[0]}: unknown field; known: {list(PIPELINE_FIELDS)}")
+    if not config.stage_order:
+        raise ConfigError("config.stage_order: expected at least one stage")
+    out, previous = {}, None
+    for name in config.stage_order:
+        if name not in config.stages:
+            raise ConfigError(
+                f"config.stage_order: stage {name!r} is not in config.stages "
+                f"({sorted(config.stages.keys())})"
+            )
+        stage = copy.deepcopy(config.stages[name])
+        if previous is not None and not stage.init_from:
+            stage.init_from = str(workdir / previous)
+        out[name] = stage
+        previous = name
+    return out
+
+
+def validate_pipeline(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+    """Every stage checked (naming `config.stages.<stage>.<field>`) before anything compiles."""
+    stages = stage_configs(config, workdir)
+    for name, stage in stages.items():
+        try:
+            lm.validate(stage, jax.device_count())
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("config.", f"config.stages.{name}.", 1)) from e
+    return stages
+
+
+def merge_stage_metrics(workdir: Path, stage_names) -> list[dict]:
+    """DIR/metrics.jsonl: every stage's records in order, `step` counted across stages."""
+    merged, offset = [], 0
+    for name in stage_names:
+        records = metrics_lib.read_metrics(workdir / name / metrics_lib.METRICS_FILE)
+        for r in records:
+            merged.append(r | {"step": offset + r["step"], "stage": name, "stage_step": r["step"]})
+        if records:
+            offset += records[-1]["step"]
+    tmp = workdir / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in merged))
+    tmp.replace(workdir / metrics_lib.METRICS_FILE)
+    return merged
+
+
+def run_stage(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Trains (or resumes) one LM stage in `workdir`; returns its last metrics record."""
+    return train(config, workdir, lm.build_task(config))
+
+
+def run_pipeline(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """All stages, then the evaluation and the report; returns the evaluation results."""
+    from c2.eval import pipeline_eval, report
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    stages = validate_pipeline(config, workdir)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    timings = {}
+    for name, stage in stages.items():
+        t0 = time.perf_counter()
+        log.info("pipeline stage %s -> %s", name, workdir / name)
+        run_stage(stage, workdir / name)
+        timings[name] = time.perf_counter() - t0
+        merge_stage_metrics(workdir, list(stages)[: list(stages).index(name) + 1])
+    t0 = time.perf_counter()
+    results = pipeline_eval.evaluate(config, stages, workdir)
+    timings["evaluation"] = time.perf_counter() - t0
+    report.write_report(config, stages, workdir, results, timings)
+    return results
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """The entry point's whole job: a pipeline or a single stage."""
+    if is_pipeline(config):
+        return run_pipeline(config, workdir)
+    return run_stage(config, workdir)
