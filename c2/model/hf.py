@@ -18,13 +18,11 @@ CLI: `python -m c2.model.hf import HF_DIR ORBAX_DIR` / `export ORBAX_DIR HF_DIR`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import logging
 import math
 import re
-from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -35,112 +33,19 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from c2.model import params as params_lib
 from c2.model.config import ModelConfig, YarnConfig
 from c2.model.hf_config import config_from_hf, config_to_hf
+from c2.model.hf_tensors import DictSource, SafetensorsSource, Src, read_slice
+
+__all__ = [
+    "DictSource", "SafetensorsSource", "config_from_hf", "config_to_hf", "export_hf_checkpoint",
+    "from_hf_source", "load_hf_checkpoint", "load_orbax", "save_orbax",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-_FP8 = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 _NP_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32}
 
 
-# Tensor sources ----------------------------------------------------------------------------------
-
-
-class SafetensorsSource:
-    """Named tensors of a checkpoint directory, read lazily by slice with `safetensors`."""
-
-    def __init__(self, path: str | Path):
-        from safetensors import safe_open
-
-        self.path = Path(path)
-        index = self.path / "model.safetensors.index.json"
-        if index.exists():
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        else:
-            files = sorted(p.name for p in self.path.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors files in {self.path}")
-        self._stack = contextlib.ExitStack()
-        self._file, self._handle, self._shape, self._dtype = {}, {}, {}, {}
-        for fname in files:
-            if not (self.path / fname).exists():
-                raise FileNotFoundError(f"{index} names {fname}, which is not in {self.path}")
-            h = self._stack.enter_context(safe_open(self.path / fname, framework="numpy"))
-            for name in h.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
-                if name in self._file:
-                    raise ValueError(f"tensor {name} is in both {self._file[name]} and {fname}")
-                s = h.get_slice(name)
-                self._file[name], self._handle[name] = fname, h
-                self._shape[name], self._dtype[name] = tuple(s.get_shape()), s.get_dtype()
-        self._headers: dict[str, tuple[int, dict]] = {}
-
-    def names(self) -> set[str]:
-        return set(self._file)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._file
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._shape[name]
-
-    def read(self, name: str, index: tuple) -> np.ndarray:
-        if self._dtype[name] in _FP8:
-            return self._read_raw(name, _FP8[self._dtype[name]])[index]
-        return self._handle[name].get_slice(name)[index]
-
-    def _read_raw(self, name: str, dtype) -> np.ndarray:
-        """A memory map of one tensor: safetensors' numpy backend has no float8 dtypes."""
-        fname = self._file[name]
-        if fname not in self._headers:
-            with open(self.path / fname, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                self._headers[fname] = (8 + n, json.loads(f.read(n)))
-        base, header = self._headers[fname]
-        begin, end = header[name]["data_offsets"]
-        raw = np.memmap(self.path / fname, np.uint8, "r", offset=base + begin, shape=(end - begin,))
-        return raw.view(dtype).reshape(self._shape[name])
-
-    def close(self):
-        self._stack.close()
-
-
-class DictSource:
-    """Named in-memory arrays (e.g. a torch state_dict converted with `.numpy()`)."""
-
-    def __init__(self, tensors: Mapping[str, np.ndarray]):
-        self._t = {k: np.asarray(v) for k, v in tensors.items()}
-
-    def names(self) -> set[str]:
-        return set(self._t)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._t
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self._t[name].shape
-
-    def read(self, name: str, index: tuple) -> np.ndarray:
-        return self._t[name][index]
-
-    def close(self):
-        pass
-
-
 # The name plan: which HF tensor (and which part of it) fills each c2 leaf -----------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Src:
-    """One HF tensor feeding one per-layer (per-expert) slice of a c2 leaf.
-
-    `n_in` None: the c2 slice equals the HF tensor. Otherwise the HF matrix is [out, in] and the
-    c2 slice is its transpose with `in` split into the first n_in c2 dims, `out` into the rest.
-    `lead` picks an expert of a fused [E, rows, cols] tensor; `row0` offsets into its rows.
-    """
-
-    name: str
-    n_in: int | None = 1
-    lead: int | None = None
-    row0: int = 0
 
 
 @dataclasses.dataclass
@@ -275,7 +180,8 @@ def _hf_shape(s: Src, c2_shape: tuple[int, ...]) -> tuple[int, ...]:
 def _leaves(c: ModelConfig, plan: dict) -> dict[str, tuple[tuple, Leaf]]:
     """{"a/b/c": (tree path, Leaf)} pairing the plan with `param_specs` (shapes and dtypes)."""
     specs = params_lib.param_specs(c)
-    flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=params_lib._is_spec)[0]
+    is_spec = lambda x: isinstance(x, params_lib.ParamSpec)
+    flat_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=is_spec)[0]
     flat_plan = dict(
         (jax.tree_util.keystr(p), v)
         for p, v in jax.tree_util.tree_flatten_with_path(
@@ -344,39 +250,6 @@ def _check_names(leaves: dict, src, c: ModelConfig, fused_layers, prefix: str, b
         raise ValueError(f"checkpoint has unexpected tensors: {extra[:5]}{more}")
 
 
-def _read_matrix(src, s: Src, rows: slice, cols: slice, block) -> np.ndarray:
-    """HF matrix block [rows, cols] in float32, dequantising block-FP8 weights."""
-    lead = () if s.lead is None else (s.lead,)
-    r = slice(rows.start + s.row0, rows.stop + s.row0)
-    w = src.read(s.name, (*lead, r, cols))
-    scale_name = s.name + "_scale_inv"
-    if block is None or scale_name not in src:
-        return np.asarray(w, np.float32)
-    b0, b1 = block
-    sr = slice(r.start // b0, (r.stop - 1) // b0 + 1)
-    sc = slice(cols.start // b1, (cols.stop - 1) // b1 + 1)
-    scale = np.asarray(src.read(scale_name, (sr, sc)), np.float32)
-    scale = np.repeat(np.repeat(scale, b0, 0), b1, 1)
-    r_off, c_off = r.start - sr.start * b0, cols.start - sc.start * b1
-    scale = scale[r_off : r_off + w.shape[0], c_off : c_off + w.shape[1]]
-    return np.asarray(w, np.float32) * scale
-
-
-def _read_slice(src, s: Src, shape: tuple[int, ...], sl: tuple[slice, ...], block) -> np.ndarray:
-    """The c2 per-tensor array of `shape`, restricted to contiguous slices `sl`."""
-    if s.n_in is None:
-        if len(shape) == 2:
-            return _read_matrix(src, s, sl[0], sl[1], block)
-        return np.asarray(src.read(s.name, sl))
-    n_in = s.n_in
-    flat_in = np.arange(math.prod(shape[:n_in])).reshape(shape[:n_in])[sl[:n_in]]
-    flat_out = np.arange(math.prod(shape[n_in:])).reshape(shape[n_in:])[sl[n_in:]]
-    cols, rows = flat_in.ravel(), flat_out.ravel()
-    c0, r0 = int(cols.min()), int(rows.min())
-    m = _read_matrix(src, s, slice(r0, int(rows.max()) + 1), slice(c0, int(cols.max()) + 1), block)
-    return m[np.ix_(rows - r0, cols - c0)].T.reshape(*flat_in.shape, *flat_out.shape)
-
-
 def _make_leaf(leaf: Leaf, src, sharding, block) -> jax.Array:
     dtype = _NP_DTYPES[leaf.dtype]
     k = leaf.n_stack
@@ -389,7 +262,7 @@ def _make_leaf(leaf: Leaf, src, sharding, block) -> jax.Array:
         if key not in cache:
             stack = [range(s.start, s.stop) for s in sl[:k]]
             parts = [
-                _read_slice(src, leaf.srcs[i], per_tensor, sl[k:], block).astype(dtype)
+                read_slice(src, leaf.srcs[i], per_tensor, sl[k:], block).astype(dtype)
                 for i in np.ndindex(*(len(r) for r in stack))
                 for i in [tuple(r[j] for r, j in zip(stack, i))]
             ]
@@ -412,9 +285,9 @@ def _fp8_block(hf: dict) -> tuple[int, int] | None:
     return tuple(q.get("weight_block_size") or (128, 128))
 
 
-def _default_dtype(hf: dict) -> str:
-    d = hf.get("dtype") or hf.get("torch_dtype") or "bfloat16"
-    return "float32" if d in ("float32", "float16") else "bfloat16"
+def _default_dtype(src, embed_name: str) -> str:
+    """The embedding's stored precision: float32 (also for float16, losslessly) or bfloat16."""
+    return "float32" if src.dtype(embed_name) in ("float32", "float16") else "bfloat16"
 
 
 def from_hf_source(
@@ -427,13 +300,16 @@ def from_hf_source(
 ) -> tuple[ModelConfig, dict]:
     """(config, params) from a tensor source (`SafetensorsSource`, `DictSource`) and config.json.
 
-    `dtype` is the parameter dtype ("bfloat16" or "float32"; default: the checkpoint's, FP8 ->
-    bfloat16). With a mesh every leaf is created in its `param_shardings` shards.
+    `dtype` is the parameter dtype ("bfloat16" or "float32"; default: that of the stored
+    embedding, so float32 checkpoints stay float32 and bf16 / FP8 releases load as bfloat16).
+    With a mesh every leaf is created in its `param_shardings` shards.
     """
-    cfg = config_from_hf(hf_config, strict=strict)
-    cfg = cfg.replace(param_dtype=dtype or _default_dtype(hf_config))
     names = src.names()
     prefix = _prefix(names)
+    cfg = config_from_hf(hf_config, strict=strict)
+    cfg = cfg.replace(
+        param_dtype=dtype or _default_dtype(src, f"{prefix}model.embed_tokens.weight")
+    )
     # MTP layers: as many as the checkpoint holds (transformers' save_pretrained drops them).
     depth = 0
     while depth < cfg.mtp_depth and any(

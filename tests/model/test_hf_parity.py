@@ -66,7 +66,8 @@ PARITY_CONFIGS = {
         ),
     ),
 }  # fmt: skip
-TOKENS = np.random.RandomState(0).randint(0, 96, (2, 20))
+B = 2
+TOKENS = np.random.RandomState(0).randint(0, 96, (B, 20))
 
 
 def hf_logits(model, tokens=TOKENS) -> np.ndarray:
@@ -96,6 +97,27 @@ def test_logits_match_transformers(name, hf_model, assert_parity, tmp_path):
         assert_parity(c2_logits(params, cfg.replace(dtype="float32", moe_impl=impl)), ref)
 
 
+@pytest.mark.parametrize("name", ["deepseek_qlora_groups_yarn", "qwen3_gqa_norm_topk"])
+def test_cached_decoding_matches_transformers(name, hf_model, to_c2, assert_parity):
+    """Prefill then one-token decode steps (MLA attends in the latent space) vs HF's logits."""
+    from c2.model import decode_step, init_cache, prefill
+
+    family, overrides = PARITY_CONFIGS[name]
+    model = hf_model(family, **overrides)
+    cfg, params = to_c2(model)
+    ref = hf_logits(model)
+    n_prompt = 14
+    cache = init_cache(cfg, B, TOKENS.shape[1])
+    lengths = jnp.full((B,), n_prompt, jnp.int32)
+    logits, _, cache = prefill(params, jnp.asarray(TOKENS[:, :n_prompt]), cache, lengths, cfg=cfg)
+    assert_parity(logits, ref[:, :n_prompt])
+    for pos in range(n_prompt, TOKENS.shape[1]):
+        logits, _, cache = decode_step(
+            params, jnp.asarray(TOKENS[:, pos : pos + 1]), cache, cfg=cfg
+        )
+        assert_parity(logits[:, 0], ref[:, pos])
+
+
 def test_save_pretrained_writes_per_expert_and_fused_layout_loads_the_same(
     hf_model, to_c2, tmp_path
 ):
@@ -108,6 +130,21 @@ def test_save_pretrained_writes_per_expert_and_fused_layout_loads_the_same(
     _, from_files = hf.load_hf_checkpoint(tmp_path)
     _, from_fused = to_c2(model)
     assert_trees_equal(from_files, from_fused)
+
+
+def test_param_dtype_follows_the_checkpoint(hf_model, tmp_path):
+    """bf16 checkpoints load as bf16 (router and bias stay float32); float32 stays float32."""
+    model = hf_model("deepseek_v3").to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    cfg, params = hf.load_hf_checkpoint(tmp_path)
+    assert cfg.param_dtype == "bfloat16"
+    assert params["embed"].dtype == jnp.bfloat16
+    assert params["moe_layers"]["mlp"]["router"].dtype == jnp.float32
+    np.testing.assert_array_equal(
+        np.asarray(params["lm_head"], np.float32), model.lm_head.weight.detach().float().numpy().T
+    )
+    cfg32, params32 = hf.load_hf_checkpoint(tmp_path, dtype="float32")
+    assert cfg32.param_dtype == "float32" and params32["embed"].dtype == jnp.float32
 
 
 def _quantise_fp8(w: torch.Tensor, block: int = 128):
@@ -271,10 +308,19 @@ def test_export_loads_in_transformers_with_the_same_logits(name, assert_parity, 
 def test_orbax_cli_round_trip(hf_model, tmp_path):
     model = hf_model("qwen3_moe")
     model.save_pretrained(tmp_path / "hf")
-    hf.main(["import", str(tmp_path / "hf"), str(tmp_path / "orbax"), "--dtype", "bfloat16"])
+    args = ["--dtype", "bfloat16", "--mesh", "fsdp=2,expert=2,tensor=2"]  # saved from shards
+    hf.main(["import", str(tmp_path / "hf"), str(tmp_path / "orbax"), *args])
     cfg, params = hf.load_orbax(tmp_path / "orbax")
     assert cfg.param_dtype == "bfloat16" and params["embed"].dtype == jnp.bfloat16
     assert params["moe_layers"]["mlp"]["router"].dtype == jnp.float32
+    _, direct = hf.load_hf_checkpoint(tmp_path / "hf", dtype="bfloat16")
+    assert_trees_equal(params, direct)
+    mesh = sharding.make_mesh(expert=8)
+    _, sharded = hf.load_orbax(tmp_path / "orbax", mesh=mesh)
+    assert (
+        sharded["moe_layers"]["mlp"]["w_up"].sharding
+        == param_shardings(cfg, mesh)["moe_layers"]["mlp"]["w_up"]
+    )
     hf.main(["export", str(tmp_path / "orbax"), str(tmp_path / "out")])
     _, again = hf.load_hf_checkpoint(tmp_path / "out")
     assert_trees_equal(again, params)
