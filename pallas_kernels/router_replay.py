@@ -259,13 +259,14 @@ def _positions_kernel(idx_ref, base_ref, pos_ref, sort_ref, *, cfg: _Config):
     bins_col = jnp.arange(base_ref.shape[1], dtype=jnp.int32)[None, :]
     slots = [_slot_info(idx_ref, k, cfg) for k in range(kp)]
     bins = [_bin(expert, valid, real, cfg) for expert, valid, real, _ in slots]
-    onehots = [(bins_col == b[:, None]).astype(jnp.int32) for b in bins]
-    per_token = functools.reduce(jnp.add, onehots)  # [bt, bins]
+    # One-hots are rebuilt per use rather than kept: [bt, bins] each, K of them would spill.
+    per_token = sum((bins_col == b[:, None]).astype(jnp.int32) for b in bins)  # [bt, bins]
     # Pairs of earlier tokens of this tile in each bin, plus all earlier tiles' pairs of that bin.
     before = jnp.cumsum(per_token, axis=0) - per_token + base_ref[...]
     for k in range(kp):
         same_earlier_slot = sum(((bins[j] == bins[k]).astype(jnp.int32) for j in range(k)), 0)
-        pos = jnp.sum(onehots[k] * before, axis=1) + same_earlier_slot
+        pos = jnp.sum(jnp.where(bins_col == bins[k][:, None], before, 0), axis=1)
+        pos = pos + same_earlier_slot
         _, _, real, rows = slots[k]
         pos_ref[:, k] = pos
         sort_ref[pos] = jnp.where(real, rows * cfg.top_k + k, -1)
