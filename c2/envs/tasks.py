@@ -109,11 +109,15 @@ def load_tasks(path: str | os.PathLike) -> list[Task]:
     return tasks
 
 
+def _check_paths(files: Mapping[str, str | bytes]) -> None:
+    for rel in files:
+        if not rel or ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise ValueError(f"file path {rel!r}: expected a plain relative path")
+
+
 def _write_files(base: Path, files: Mapping[str, str | bytes]) -> None:
     for rel, content in files.items():
         p = base / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute() or not rel:
-            raise ValueError(f"file path {rel!r}: expected a plain relative path")
         p.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, bytes):
             p.write_bytes(content)
@@ -133,6 +137,8 @@ def write_task(
     """Write a task directory (which must not exist yet) and load it back."""
     root = Path(root)
     validate_metadata(metadata, str(root))
+    for files in (workspace, tests, solution or {}):
+        _check_paths(files)
     root.mkdir(parents=True)
     (root / "workspace").mkdir()
     (root / "tests").mkdir()

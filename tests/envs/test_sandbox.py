@@ -123,7 +123,6 @@ def test_cpu_limit(sandbox, workspace):
     limits = SandboxLimits(timeout_s=20, cpu_s=1)
     r = sandbox.run(["python", "-c", "while True: pass"], workspace, limits=limits)
     assert r.limit == "cpu" and not r.timed_out
-    assert r.wall_s < 20
 
 
 def test_file_size_limit(sandbox, workspace):

@@ -1,0 +1,1 @@
+"""Bank accounts and interest."""

@@ -1,0 +1,1 @@
+"""Course grades: weighted averages, letters, curves and rankings."""

@@ -1,0 +1,1 @@
+"""Stock keeping: items, a store of them, and order pricing."""

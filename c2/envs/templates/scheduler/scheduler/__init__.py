@@ -1,0 +1,1 @@
+"""Half-open time intervals (minutes) and a calendar of bookings."""
