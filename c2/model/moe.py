@@ -72,6 +72,9 @@ def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
     return E * jnp.sum(jax.lax.stop_gradient(frac) * mean_prob)
 
 
+CPU_TILE = 64  # rows per tile of the CPU grouped matmul
+
+
 # Expert computation ---------------------------------------------------------------------------
 
 
@@ -88,8 +91,43 @@ def _ragged(x, w, group_sizes, c: ModelConfig):
     ).astype(dtype)
 
 
+def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
+    """The same grouped SwiGLU as whole tiles: each group is padded to a multiple of `tile` rows,
+    every tile belongs to one expert, and the tiles run as one batched matmul with per-tile
+    weights. XLA:CPU lowers `ragged_dot` to a slow loop; this keeps CPU runs at matmul speed
+    for at most G * (tile - 1) padding rows."""
+    N, H = x_NH.shape
+    G = group_sizes_G.shape[0]
+    n_tiles = -(-(N + G * (tile - 1)) // tile)
+    padded = -(-group_sizes_G // tile) * tile
+    pad_end = jnp.cumsum(padded)
+    pad_start = pad_end - padded
+    row_group = jnp.repeat(jnp.arange(G), group_sizes_G, total_repeat_length=N)
+    rank = jnp.arange(N) - (jnp.cumsum(group_sizes_G) - group_sizes_G)[row_group]
+    valid = jnp.arange(N) < group_sizes_G.sum()
+    dest = jnp.where(valid, pad_start[row_group] + rank, n_tiles * tile)  # invalid rows: cut off
+    xt = jnp.zeros((n_tiles * tile + 1, H), x_NH.dtype).at[dest].set(x_NH)[:-1]
+    xt = xt.reshape(n_tiles, tile, H)
+    tile_group = jnp.minimum(jnp.searchsorted(pad_end, jnp.arange(n_tiles) * tile, "right"), G - 1)
+    dtype = jnp.dtype(c.dtype)
+
+    def mm(a, w):
+        return jnp.einsum(
+            "tmk,tkn->tmn",
+            a.astype(dtype),
+            w[tile_group].astype(dtype),
+            preferred_element_type=jnp.float32,
+        ).astype(dtype)
+
+    h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
+    yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)
+    return jnp.where(valid[:, None], yt[jnp.minimum(dest, n_tiles * tile - 1)], 0)
+
+
 def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
     """SwiGLU experts over rows sorted by expert: [N,H] -> [N,H]; rows past sum(sizes) give 0."""
+    if c.quant != "mxfp8" and jax.default_backend() == "cpu":
+        return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=CPU_TILE)
     h = jax.nn.silu(_ragged(x_NH, p["w_gate"], group_sizes_G, c))
     h = h * _ragged(x_NH, p["w_up"], group_sizes_G, c)
     return _ragged(h, p["w_down"], group_sizes_G, c)
