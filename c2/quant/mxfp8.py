@@ -193,15 +193,19 @@ def mxfp8_matmul(
     _check_float("b", b)
     if a.ndim < 1 or b.ndim != 2 or a.shape[-1] != b.shape[0]:
         raise ValueError(f"a {a.shape} @ b {b.shape}: expected a [..., K] and b [K, N]")
-    a_MK = a.reshape(-1, a.shape[-1])
-    if impl == "xla":
-        out = _dot_f32(_fake_quant(a_MK, bs, 1), _fake_quant(b, bs, 0), ((1,), (0,)))
-    else:
-        kernels = _pallas_kernels()
-        qa = kernels.quantize(a_MK, bs, rowwise=True, colwise=False)
-        qb = kernels.quantize(b, bs, rowwise=False, colwise=True)
-        out = kernels.matmul_nt(qa.q_row, qa.s_row, qb.q_colT, qb.s_colT, bs)
+    out = _matmul(a.reshape(-1, a.shape[-1]), b, bs, impl, jnp.float32)
     return out.reshape(*a.shape[:-1], b.shape[1])
+
+
+def _matmul(a_MK, b_KN, bs: int, impl: str, out_dtype) -> jnp.ndarray:
+    """a @ b, a quantised by rows and b by columns (both along K), fp32 sums, cast to out_dtype."""
+    if impl == "xla":
+        out = _dot_f32(_fake_quant(a_MK, bs, 1), _fake_quant(b_KN, bs, 0), ((1,), (0,)))
+        return out.astype(out_dtype)
+    kernels = _pallas_kernels()
+    qa = kernels.quantize(a_MK, bs, rowwise=True, colwise=False)
+    qb = kernels.quantize(b_KN, bs, rowwise=False, colwise=True)
+    return kernels.matmul_nt(qa.q_row, qa.s_row, qb.q_colT, qb.s_colT, bs, out_dtype=out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
@@ -210,14 +214,7 @@ def _dot(x_NK, w_KM, bs, impl):
 
 
 def _dot_fwd(x_NK, w_KM, bs, impl):
-    if impl == "xla":
-        y = _dot_f32(_fake_quant(x_NK, bs, 1), _fake_quant(w_KM, bs, 0), ((1,), (0,)))
-    else:
-        kernels = _pallas_kernels()
-        qx = kernels.quantize(x_NK, bs, rowwise=True, colwise=False)
-        qw = kernels.quantize(w_KM, bs, rowwise=False, colwise=True)
-        y = kernels.matmul_nt(qx.q_row, qx.s_row, qw.q_colT, qw.s_colT, bs)
-    return y.astype(x_NK.dtype), (x_NK, w_KM)
+    return _matmul(x_NK, w_KM, bs, impl, x_NK.dtype), (x_NK, w_KM)
 
 
 def _dot_bwd(bs, impl, res, dy_NM):
@@ -230,8 +227,10 @@ def _dot_bwd(bs, impl, res, dy_NM):
         qdy = kernels.quantize(dy_NM, bs, rowwise=True, colwise=True)  # one pass, both layouts
         qw = kernels.quantize(w_KM, bs, rowwise=True, colwise=False)
         qx = kernels.quantize(x_NK, bs, rowwise=False, colwise=True)
-        dx = kernels.matmul_nt(qdy.q_row, qdy.s_row, qw.q_row, qw.s_row, bs)
-        dw = kernels.matmul_nt(qx.q_colT, qx.s_colT, qdy.q_colT, qdy.s_colT, bs)
+        dx = kernels.matmul_nt(qdy.q_row, qdy.s_row, qw.q_row, qw.s_row, bs, out_dtype=x_NK.dtype)
+        dw = kernels.matmul_nt(
+            qx.q_colT, qx.s_colT, qdy.q_colT, qdy.s_colT, bs, out_dtype=w_KM.dtype
+        )
     return dx.astype(x_NK.dtype), dw.astype(w_KM.dtype)
 
 
