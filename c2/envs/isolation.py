@@ -182,3 +182,26 @@ def probe(backend: str = "auto") -> Isolation:
     return Isolation(
         "rlimit", None, None, prlimit, None, os.geteuid(), cgroups, False, tuple(notes)
     )
+
+
+def probe_report() -> dict:
+    """What each isolation layer does on this machine (for logs and the CLI's --probe)."""
+    bwrap = find_binary("bwrap")
+    ns = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    userns = bool(bwrap) and _bwrap_works(bwrap, [*ns, "--unshare-user", "--disable-userns"])
+    root_ns = bool(bwrap) and os.geteuid() == 0 and _bwrap_works(bwrap, [*ns, "--cap-drop", "ALL"])
+    cgroups = CgroupManager.probe()
+    chosen = probe()
+    return {
+        "euid": os.geteuid(),
+        "bwrap": bwrap,
+        "namespaces_as_root": root_ns,
+        "unprivileged_user_namespace": userns,
+        "setpriv_to_uid": SANDBOX_UID if (find_binary("setpriv") and os.geteuid() == 0) else None,
+        "prlimit": find_binary("prlimit"),
+        "cgroup": cgroups.describe() if cgroups else None,
+        "seccomp_arch": platform.machine() if seccomp_filter() is not None else None,
+        "backend": chosen.backend,
+        "isolation": chosen.describe(),
+        "notes": list(chosen.notes),
+    }

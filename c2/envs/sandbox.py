@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import math
 import os
 import selectors
@@ -29,7 +30,14 @@ from pathlib import Path
 import psutil
 
 from c2.envs.cgroups import CgroupLimits
-from c2.envs.isolation import SANDBOX_UID, Isolation, probe, python_runtime_paths, seccomp_filter
+from c2.envs.isolation import (
+    SANDBOX_UID,
+    Isolation,
+    probe,
+    probe_report,
+    python_runtime_paths,
+    seccomp_filter,
+)
 
 # Order of precedence when naming the limit that stopped a command.
 LIMITS = ("wall_time", "output", "memory", "cpu", "file_size", "processes", "disk")
@@ -284,9 +292,12 @@ class Sandbox:
         cgroups = self.isolation.cgroups
         cgroup = None
         if cgroups is not None:
-            cgroup = cgroups.create(
-                CgroupLimits(limits.memory_mb << 20, limits.max_processes + 3, limits.cpus)
-            )  # +3: the wrapper, bwrap and bwrap's pid 1 live in the cgroup too
+            # +3: the wrapper, bwrap and bwrap's pid 1 live in the cgroup too.
+            cg_limits = CgroupLimits(limits.memory_mb << 20, limits.max_processes + 3, limits.cpus)
+            try:
+                cgroup = cgroups.create(cg_limits)
+            except OSError as e:
+                raise SandboxError(f"could not create the sandbox's cgroup: {e}") from e
         fds: list[int] = []
         try:
             argv = self._argv(
@@ -298,7 +309,10 @@ class Sandbox:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             if cgroup is not None:
-                cgroup.remove()
+                try:
+                    cgroup.remove()
+                except OSError as e:  # a leftover directory is cleaned up by a later probe
+                    logging.getLogger(__name__).warning("cgroup %s not removed: %s", cgroup.name, e)
 
     def _execute(self, argv, workdir, limits, cgroup, fds, env, readonly) -> SandboxResult:
         t0 = time.monotonic()
@@ -444,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Run CMD in a sandbox over DIR; print one JSON result as the last line. "
         "When commands run as another uid (root with bubblewrap: uid 65534), DIR is handed to it.",
     )
-    parser.add_argument("--workdir", required=True, help="the workspace, mounted at --mount_at")
+    parser.add_argument("--probe", action="store_true", help="print what isolation works here")
+    parser.add_argument("--workdir", help="the workspace, mounted at --mount_at")
     parser.add_argument("--timeout", type=float, default=30.0, help="wall-clock seconds")
     parser.add_argument("--memory_mb", type=int, default=1024)
     parser.add_argument("--cpu_s", type=float, default=None, help="CPU seconds (default: timeout)")
@@ -454,8 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mount_at", default="/workspace")
     parser.add_argument("--readonly", action="store_true", help="mount the workspace read-only")
     parser.add_argument("--backend", default="auto", help="auto|bwrap-root|bwrap-userns|rlimit")
-    parser.add_argument("command", nargs="+", help="the command (after --)")
+    parser.add_argument("command", nargs="*", help="the command (after --)")
     args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe_report()))
+        return 0
+    if not args.workdir or not args.command:
+        parser.error("--workdir DIR and a command (after --) are required")
     try:
         limits = SandboxLimits(
             timeout_s=args.timeout,

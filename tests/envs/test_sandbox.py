@@ -191,3 +191,33 @@ def test_rlimit_fallback_says_so_and_still_limits(tmp_path):
     assert r.timed_out and r.limit == "wall_time"
     with pytest.raises(SandboxError, match="cannot mount"):
         sb.run("true", tmp_path, binds=[(tmp_path, "/x", False)])
+
+
+def test_cli_probe_reports_layers():
+    p, res = _cli("--probe")
+    assert p.returncode == 0
+    assert res["backend"] == probe().backend and res["isolation"] == probe().describe()
+    assert set(res) >= {"namespaces_as_root", "unprivileged_user_namespace", "cgroup", "prlimit"}
+
+
+def test_user_namespace_backend_contains_too(tmp_path):
+    try:
+        sb = Sandbox(SandboxLimits(timeout_s=10, memory_mb=64), backend="bwrap-userns")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    host_file = tmp_path / "host.txt"
+    host_file.write_text("original\n")
+    (tmp_path / "ws").mkdir()
+    sb.give_workspace(tmp_path / "ws")
+    r = sb.run(
+        f"echo evil > {host_file}; touch /usr/evil; grep CapEff /proc/self/status; "
+        "python -c \"import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)\" "
+        "2>&1 | tail -1",
+        tmp_path / "ws",
+    )
+    assert r.isolation.startswith("bwrap-userns")
+    assert "CapEff:\t0000000000000000" in r.stdout and "Connection refused" in r.stdout
+    assert host_file.read_text() == "original\n" and not Path("/usr/evil").exists()
+    if sb.isolation.cgroups is not None:
+        mem = sb.run(["python", "-c", "x = bytearray(1 << 30)"], tmp_path / "ws")
+        assert mem.limit == "memory"
