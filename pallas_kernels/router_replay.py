@@ -11,11 +11,13 @@ From router logits [T, E] and expert indices [T, K] (replayed from inference, or
   inverse permutation (flat pair -> position).
 Gradients flow from gates_TK to the logits (custom_vjp); the indices get none.
 
-Bad indices. Outside jit (concrete indices) `router_replay` and the reference call `check_routing`,
-which raises a ValueError naming the first bad token/slot (out of range, or an expert repeated in
-one token). Inside jit nothing is read or written out of bounds: an out-of-range slot is dropped
-(gate 0, not counted, and placed after every valid pair in the sorted order, in flat order, so a
-ragged_dot with group_sizes=counts_E never sees it); a repeated expert is routed once per slot.
+Bad indices. Whenever the indices are concrete (an eager call, or an array closed over rather than
+passed through jit) `router_replay` and the reference call `check_routing`, which raises a
+ValueError naming the first bad token/slot (out of range, or an expert repeated in one token).
+With traced indices (inside jit) nothing is read or written out of bounds: an out-of-range slot
+is dropped (gate 0, not counted, and placed after every valid pair in the sorted order, in flat
+order, so a ragged_dot with group_sizes=counts_E never sees it); a repeated expert is routed once
+per slot (and counted twice in the normalisation).
 
 The kernels (Triton backend on GPU, interpret mode on CPU) work on tiles of `block_t` tokens:
   1. gates and a per-tile histogram over expert bins (valid experts, then "dropped", then padding),
