@@ -1,4 +1,4 @@
-"""Data pipeline speed on this machine: `python -m c2.data.benchmark [--batches N]`.
+"""Data pipeline speed on this machine: `python -m c2.bench.data_pipeline [--batches N]`.
 
 Measures, in one run: listing and splitting the stdlib corpus; tokenising its whole train split
 with the byte tokenizer and with a BPE tokenizer trained here (side by side); pretraining batches
