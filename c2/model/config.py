@@ -72,6 +72,8 @@ class ModelConfig:
     moe_impl: Literal["ragged", "dense"] = "ragged"
     # Expert-parallel token exchange capacity (multiple of the balanced load); None = dropless.
     expert_capacity_factor: float | None = None
+    # Expert-parallel token exchange: ragged_all_to_all (GPU/TPU) or a padded all_to_all.
+    expert_exchange: Literal["auto", "ragged", "padded"] = "auto"
     remat: bool = False
 
     def __post_init__(self):
@@ -158,6 +160,19 @@ def _validate(c: ModelConfig) -> None:
         c.param_dtype,
         "bfloat16 or float32",
     )
+    need(
+        c.expert_exchange in ("auto", "ragged", "padded"),
+        "expert_exchange",
+        c.expert_exchange,
+        "auto, ragged or padded",
+    )
+    if c.expert_exchange == "ragged":
+        need(
+            c.expert_capacity_factor is None,
+            "expert_capacity_factor",
+            c.expert_capacity_factor,
+            "None with expert_exchange='ragged' (the ragged exchange is dropless)",
+        )
     need(c.mtp_depth >= 0, "mtp_depth", c.mtp_depth, ">= 0")
     need(
         c.expert_capacity_factor is None or c.expert_capacity_factor > 0,
