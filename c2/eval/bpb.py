@@ -51,13 +51,8 @@ def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
 
 @functools.lru_cache(maxsize=16)
 def _eval_fn(cfg: model_lib.ModelConfig, mesh: Mesh | None):
-    if mesh is None:
-        return jax.jit(functools.partial(eval_sums, cfg=cfg, mesh=None))
-    shardings = model_lib.param_shardings(cfg, mesh)
-    return jax.jit(
-        functools.partial(eval_sums, cfg=cfg, mesh=mesh),
-        in_shardings=(shardings, sharding.batch_sharding(mesh)),
-    )
+    # Parameters keep the shardings they live in; batches are placed by `heldout_bpb`.
+    return jax.jit(functools.partial(eval_sums, cfg=cfg, mesh=mesh))
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

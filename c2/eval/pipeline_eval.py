@@ -1,9 +1,10 @@
 """The main job's evaluation: held-out bits per byte of every stage's weights at the short and
 the extended length, MTP acceptance, and SFT response bits per byte; then the report.
 
-Rows, in order: the untrained model; each stage's final weights under that stage's model config;
-and, for the first stage that adds YaRN, the previous stage's weights with YaRN switched on but no
-training (separates what the rescaling does from what the extension training does).
+Rows, in order: the starting weights (untrained, or the base model); each stage's final weights
+under that stage's model config; and, for the first stage that adds YaRN, the previous stage's
+weights with YaRN switched on but no training (separates what the rescaling does from what the
+extension training does).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from c2.data import pipeline as data_pipeline
 from c2.eval.bpb import heldout_bpb
 from c2.train import lm
 from c2.train.checkpoint import Checkpointer
+from c2.train.config import sharding_rules
+from c2.train.loop import init_key
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +44,10 @@ def eval_defaults() -> ml_collections.ConfigDict:
     return e
 
 
-def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
-    """The final parameters of a finished stage, laid out on `mesh`."""
+def _latest_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
+    """(step, params) of the newest readable checkpoint in stage_dir, laid out on `mesh`."""
     cfg = lm.model_config(stage)
-    shardings = model_lib.param_shardings(cfg, mesh)
+    shardings = model_lib.param_shardings(cfg, mesh, sharding_rules(stage))
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         model_lib.abstract_params(cfg),
@@ -55,28 +58,40 @@ def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
     ckpt.close()
     if found is None:
         raise FileNotFoundError(f"no readable checkpoint in {stage_dir / 'checkpoints'}")
-    step, params, _, _ = found
+    return found[0], found[1]
+
+
+def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
+    """The final parameters of a finished stage, laid out on `mesh`."""
+    step, params = _latest_params(stage, stage_dir, mesh)
     if step != stage.train.steps:
         raise RuntimeError(f"{stage_dir}: latest checkpoint is step {step}, not the final one")
     return params
 
 
+def _start_row(first: ml_collections.ConfigDict, mesh):
+    """The parameters stage 1 started from: its fresh init, an HF import or a workdir."""
+    cfg = lm.model_config(first)
+    if not first.init_from:
+        params = model_lib.init_params(cfg, init_key(first.train.seed), mesh, sharding_rules(first))
+        return "untrained", cfg, params
+    if first.init_from.startswith("hf:"):
+        base = lm.import_hf_params(first.init_from[3:], cfg, mesh, seed=first.train.seed)
+        return "base (HF import)", cfg, base
+    return "base (init_from)", cfg, _latest_params(first, Path(first.init_from), mesh)[1]
+
+
 def _models(stages: dict, workdir: Path, mesh):
     """(label, ModelConfig, params) for every row of the evaluation."""
-    names = list(stages)
-    first = stages[names[0]]
-    cfg0 = lm.model_config(first)
-    rows = [
-        ("untrained", cfg0, model_lib.init_params(cfg0, jax.random.key(first.train.seed), mesh))
-    ]
+    rows = [_start_row(next(iter(stages.values())), mesh)]
     prev_cfg = prev_params = prev_name = None
     yarn_shown = False
-    for name in names:
-        cfg = lm.model_config(stages[name])
-        params = stage_params(stages[name], workdir / name, mesh)
+    for name, stage in stages.items():
+        cfg = lm.model_config(stage)
+        params = stage_params(stage, workdir / name, mesh)
         if cfg.rope_scaling is not None and prev_cfg is not None and not yarn_shown:
             if prev_cfg.rope_scaling is None:
-                rows.append((f"{prev_name} + YaRN, untrained", cfg, prev_params))
+                rows.append((f"{prev_name} + YaRN, no training", cfg, prev_params))
             yarn_shown = True
         rows.append((f"after {name}", cfg, params))
         prev_cfg, prev_params, prev_name = cfg, params, name

@@ -120,17 +120,17 @@ def findings(results: dict) -> list[str]:
     """The sentences the numbers support (computed, never written by hand)."""
     rows = {r["model"]: r for r in results["rows"]}
     order = [r["model"] for r in results["rows"]]
-    base = rows["untrained"]
+    base = rows[order[0]]
     lines = []
     after_first = rows[order[1]] if len(order) > 1 else None
     if after_first:
         lines.append(
             f"{order[1].capitalize()}: held-out bits per byte at {results['short_seq_len']} "
-            f"tokens fell from {base['bpb_short']:.2f} (untrained) to "
+            f"tokens fell from {base['bpb_short']:.2f} ({order[0]}) to "
             f"{after_first['bpb_short']:.2f}."
         )
     yarn_rows = [m for m in order if rows[m]["yarn"]]
-    no_yarn = [m for m in order if not rows[m]["yarn"] and m != "untrained"]
+    no_yarn = [m for m in order[1:] if not rows[m]["yarn"]]
     if yarn_rows and no_yarn:
         before = rows[no_yarn[-1]]
         ext = next((m for m in yarn_rows if m.startswith("after")), yarn_rows[-1])
@@ -144,7 +144,7 @@ def findings(results: dict) -> list[str]:
         sft_rows = [m for m in order if m.startswith("after")]
         lines.append(
             "Held-out SFT response bits per byte: "
-            + ", ".join(f"{m} {rows[m]['sft_bpb']:.2f}" for m in ["untrained", *sft_rows])
+            + ", ".join(f"{m} {rows[m]['sft_bpb']:.2f}" for m in [order[0], *sft_rows])
             + "."
         )
     acc = [(m, rows[m]["mtp1_acceptance"]) for m in order if rows[m].get("mtp1_acceptance")]

@@ -20,6 +20,8 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")
 MTP_DISTILL = ("kl", "ce")
 DATA_KINDS = ("pretrain", "sft")
 QUANT = ("bf16", "mxfp8")
+# Sections whose keys are not fixed here: checked against the model / sharding rules instead.
+FREE_FORM = {"overrides": "ModelConfig fields", "rules": "logical axis -> mesh axes"}
 
 
 class ConfigError(ValueError):
@@ -65,6 +67,9 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.mesh.expert = 1
     c.mesh.context = 1
     c.mesh.tensor = 1
+    # Overrides of c2.sharding.RULES (logical axis -> mesh axis, tuple of axes, or None), e.g.
+    # {"expert_embed": ("fsdp", "context")} to FSDP-shard expert weights at real scale.
+    c.mesh.rules = ml_collections.ConfigDict()
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-3
@@ -117,9 +122,9 @@ def _check_structure(
         if key not in config:
             raise ConfigError(f"{name}: missing field")
         want, got = schema[key], config[key]
-        if key == "overrides":
+        if key in FREE_FORM:
             if not isinstance(got, Mapping | ml_collections.ConfigDict):
-                raise ConfigError(f"{name}: expected a ConfigDict of ModelConfig fields")
+                raise ConfigError(f"{name}: expected a ConfigDict of {FREE_FORM[key]}")
             continue
         if isinstance(want, ml_collections.ConfigDict):
             if not isinstance(got, ml_collections.ConfigDict):
@@ -176,6 +181,32 @@ def resolve_mesh(mesh: ml_collections.ConfigDict, num_devices: int) -> dict[str,
     return sizes
 
 
+def check_rules(rules) -> None:
+    """Sharding-rule overrides: known logical axes mapped to mesh axes (or None)."""
+    from c2.sharding import RULES
+
+    for logical, target in rules.items():
+        if logical not in RULES:
+            raise ConfigError(
+                f"config.mesh.rules.{logical}: not a logical axis; known: {sorted(RULES)}"
+            )
+        targets = target if isinstance(target, tuple | list) else (target,)
+        for axis in targets:
+            if axis is not None and axis not in MESH_AXES:
+                raise ConfigError(
+                    f"config.mesh.rules.{logical}={target!r}: {axis!r} is not a mesh axis "
+                    f"{MESH_AXES}"
+                )
+
+
+def sharding_rules(config: ml_collections.ConfigDict) -> dict:
+    """c2.sharding.RULES with the config's overrides (tuples kept as tuples)."""
+    from c2.sharding import RULES
+
+    over = {k: tuple(v) if isinstance(v, list) else v for k, v in config.mesh.rules.items()}
+    return dict(RULES) | over
+
+
 def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
     """Checks a stage config completely; returns the resolved mesh axis sizes."""
     _check_structure(config, stage_defaults(), "")
@@ -228,6 +259,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
             f"can fall back to the previous one, got {config.train.keep_checkpoints}"
         )
     mesh = resolve_mesh(config.mesh, num_devices)
+    check_rules(config.mesh.rules)
     if config.data.seq_len % mesh["context"]:
         raise ConfigError(
             f"config.data.seq_len={config.data.seq_len} is not divisible by the context axis "

@@ -21,9 +21,10 @@ from c2 import sharding
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
 from c2.eval.bpb import heldout_bpb
-from c2.train.config import ConfigError, validate_stage
+from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task
 from c2.train.losses import mtp_distillation, next_token_loss
+from c2.train.optimizer import path_str
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +76,11 @@ def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
     return cfg
 
 
-def check_model_against_data(cfg: model_lib.ModelConfig, config, mesh_sizes: dict) -> None:
+def check_model_against_data(
+    cfg: model_lib.ModelConfig, config, mesh_sizes: dict, *, load_files: bool = True
+) -> None:
     """What the mesh and tokenizer need from the model, named by field."""
-    vocab = load_tokenizer(config.data.tokenizer).vocab_size
+    vocab = load_tokenizer(config.data.tokenizer).vocab_size if load_files else 0
     if cfg.vocab_size < vocab:
         raise ConfigError(
             f"config.model: vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab} "
@@ -100,11 +103,15 @@ def check_model_against_data(cfg: model_lib.ModelConfig, config, mesh_sizes: dic
         )
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int):
-    """The whole stage check, before anything compiles: (mesh sizes, ModelConfig)."""
+def validate(config: ml_collections.ConfigDict, num_devices: int, *, load_files: bool = True):
+    """The whole stage check, before anything compiles: (mesh sizes, ModelConfig).
+
+    `load_files=False` skips what needs the tokenizer file (real-scale configs name files that
+    exist only on the cluster).
+    """
     mesh_sizes = validate_stage(config, num_devices)
     cfg = model_config(config)
-    check_model_against_data(cfg, config, mesh_sizes)
+    check_model_against_data(cfg, config, mesh_sizes, load_files=load_files)
     return mesh_sizes, cfg
 
 
@@ -190,6 +197,47 @@ def eval_batches(config, seq_len: int | None = None, kind: str | None = None):
     )
 
 
+def import_hf_params(path: str, cfg: model_lib.ModelConfig, mesh, *, seed: int = 0):
+    """Parameters from a Hugging Face checkpoint, sharded on `mesh`, for the model `cfg`.
+
+    Every leaf the checkpoint holds must have the shape `cfg` expects; leaves it lacks may only be
+    the MTP module (the recipe adds MTP layers to a base model that has none), which keeps its
+    fresh initialisation.
+    """
+    _, hf_params = model_lib.load_hf_checkpoint(path, mesh=mesh, dtype=cfg.param_dtype)
+    hf_flat = {path_str(p): x for p, x in jax.tree_util.tree_flatten_with_path(hf_params)[0]}
+    ours = jax.tree_util.tree_flatten_with_path(model_lib.abstract_params(cfg))
+    missing = []
+    for p, want in ours[0]:
+        name = path_str(p)
+        got = hf_flat.get(name)
+        if got is None:
+            missing.append(name)
+        elif got.shape != want.shape:
+            raise ConfigError(
+                f"config.init_from='hf:{path}': checkpoint leaf {name} has shape {got.shape}, "
+                f"config.model expects {want.shape}"
+            )
+    if any(not m.startswith("mtp/") for m in missing):
+        raise ConfigError(
+            f"config.init_from='hf:{path}': the checkpoint lacks {missing[:5]} "
+            "(only the MTP module may be missing: it is added fresh)"
+        )
+    fresh = model_lib.init_params(cfg, jax.random.key(seed), mesh) if missing else None
+    leaves = [
+        hf_flat[path_str(p)] if path_str(p) in hf_flat else _leaf_at(fresh, p) for p, _ in ours[0]
+    ]
+    if missing:
+        log.info("HF import: %d MTP leaves freshly initialised (%s...)", len(missing), missing[0])
+    return jax.tree_util.tree_unflatten(ours[1], leaves)
+
+
+def _leaf_at(tree, path):
+    for key in path:
+        tree = tree[key.key]
+    return tree
+
+
 def make_mesh(mesh_sizes: dict) -> jax.sharding.Mesh:
     return sharding.make_mesh(**mesh_sizes)
 
@@ -198,7 +246,8 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
     """The LM Task of a stage config (validated first; nothing is compiled here)."""
     mesh_sizes, cfg = validate(config, jax.device_count())
     mesh = make_mesh(mesh_sizes)
-    shardings = model_lib.param_shardings(cfg, mesh)
+    rules = sharding_rules(config)
+    shardings = model_lib.param_shardings(cfg, mesh, rules)
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         model_lib.abstract_params(cfg),
@@ -218,15 +267,13 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
         return heldout_bpb(params, cfg, heldout, mesh)
 
     def import_params(path):
-        hf_cfg, params = model_lib.load_hf_checkpoint(path)
-        del hf_cfg
-        return jax.device_put(params, shardings)
+        return jax.device_put(import_hf_params(path, cfg, mesh, seed=tc.seed), shardings)
 
     peak = measured_peak_flops(cfg.dtype) if tc.measure_peak else 0.0
     return Task(
         mesh=mesh,
         abstract_params=abstract,
-        init_params=lambda key: model_lib.init_params(cfg, key, mesh),
+        init_params=lambda key: model_lib.init_params(cfg, key, mesh, rules),
         loss_fn=functools.partial(lm_loss, cfg=cfg, tc=tc, mesh=mesh),
         make_train_iter=lambda: iter(_train_dataset(config)),
         batch_sharding=sharding.batch_sharding(mesh),

@@ -106,6 +106,11 @@ def load_init_params(init_from: str, task: Task):
     return found[1]
 
 
+def init_key(seed: int) -> jax.Array:
+    """The key a fresh run initialises its parameters from (the other half seeds the steps)."""
+    return jax.random.split(jax.random.key(seed))[0]
+
+
 def _host_metrics(metrics: dict) -> dict:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -163,11 +168,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
             log.info("resumed %s from step %d", workdir, start)
         else:
             start, counters = 0, Counters()
-            init_key, key = jax.random.split(jax.random.key(tc.seed))
+            key = jax.random.split(jax.random.key(tc.seed))[1]
             if config.init_from:
                 params = load_init_params(config.init_from, task)
             else:
-                params = task.init_params(init_key)
+                params = task.init_params(init_key(tc.seed))
             opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
             rng = jax.random.key_data(key)
         writer = metrics_lib.MetricsWriter(workdir, resume_step=start)

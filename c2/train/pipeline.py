@@ -54,12 +54,14 @@ def stage_configs(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     return out
 
 
-def validate_pipeline(config: ml_collections.ConfigDict, workdir: Path) -> dict:
+def validate_pipeline(
+    config: ml_collections.ConfigDict, workdir: Path, num_devices: int | None = None
+) -> dict:
     """Every stage checked (naming `config.stages.<stage>.<field>`) before anything compiles."""
     stages = stage_configs(config, workdir)
     for name, stage in stages.items():
         try:
-            lm.validate(stage, jax.device_count())
+            lm.validate(stage, num_devices or jax.device_count())
         except ConfigError as e:
             raise ConfigError(str(e).replace("config.", f"config.stages.{name}.", 1)) from e
     return stages

@@ -1,0 +1,60 @@
+"""Stage 1 at real scale: Kimi-K2 (1.04T total, 33B active with the added MTP layer) continued
+pretraining on code at 32k tokens (RECIPE.md section 1.1), laid out for 256 GPUs.
+
+Command (on a 256-GPU cluster, one process per host; jax.distributed initialises from the
+cluster environment):
+    python -m c2.main --config=experiments/cpt_kimi_k2.py --workdir=runs/cpt_kimi_k2
+with the HF base model in /data/Kimi-K2-Instruct and the code corpus in /data/code.array_record
+(or override --config.init_from=hf:DIR, --config.data.corpus, --config.data.tokenizer).
+Runtime: 12,000 steps x 512 x 32,768 tokens = 201B tokens at 3.26e11 training FLOPs per token
+(c2.model.flops_per_token) = 6.6e22 FLOPs: about 7.5 days on 256 H200 at 40% of the bf16 dense
+peak (989 TFLOP/s each); MXFP8 matmuls raise the peak.
+Expected: held-out bits per byte of the code corpus falls log-linearly with compute (RECIPE.md
+section 0); MTP acceptance rises above 0.8 (the draft model for speculative decoding).
+
+Layout: expert parallelism 8 (48 of the 384 experts per shard), FSDP 32 over the rest; expert
+weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments take ~53 GB per GPU
+(tests/train/test_configs.py checks this without allocating anything). bf16/MXFP8 compute, fp32
+master weights, rematerialised layers.
+"""
+
+from c2.train.config import stage_defaults
+
+
+def get_config(arg=None):
+    del arg
+    c = stage_defaults()
+    c.name = "cpt_kimi_k2"
+    c.init_from = "hf:/data/Kimi-K2-Instruct"
+    c.model.preset = "kimi_k2"
+    c.model.dtype = "bfloat16"
+    c.model.param_dtype = "float32"
+    c.model.quant = "mxfp8"
+    c.model.overrides.mtp_depth = 1  # the recipe adds an MTP module, trained by self-distillation
+    c.model.overrides.remat = True
+    c.data.kind = "pretrain"
+    c.data.corpus = "/data/code.array_record"
+    c.data.tokenizer = "/data/Kimi-K2-Instruct/tokenizer.json"
+    c.data.seq_len = 32768
+    c.data.batch_size = 512
+    c.data.eval_batches = 64
+    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 32, 8, 1, 1
+    # FSDP-shard what the default rules replicate: expert weights and the MLA low-rank
+    # projections (the only axes of wq_b / wkv_b that are not heads).
+    c.mesh.rules.expert_embed = "fsdp"
+    c.mesh.rules.q_lora = "fsdp"
+    c.mesh.rules.kv_lora = "fsdp"
+    c.optimizer.lr = 2e-5  # continued pretraining: a fraction of the base model's peak
+    c.optimizer.schedule = "wsd"
+    c.optimizer.warmup_steps = 200
+    c.optimizer.decay_fraction = 0.2
+    c.optimizer.end_lr_ratio = 0.1
+    c.optimizer.weight_decay = 0.1
+    c.train.steps = 12000
+    c.train.checkpoint_every = 250
+    c.train.eval_every = 500
+    c.train.log_every = 10
+    c.train.mtp_weight = 0.3
+    c.train.router_bias_rate = 1e-3
+    c.train.progress_bar = False
+    return c
