@@ -11,8 +11,14 @@ block-FP8 weights (`weight_scale_inv`, DeepSeek-V3 / Kimi-K2 releases) are dequa
 DeepSeek MTP layers (`model.layers.{n_layers + d}.*`) are imported into `params["mtp"]` when the
 checkpoint holds them; their copies of the embedding and head are skipped (c2 shares them).
 
-Export writes per-expert safetensors + config.json that `from_pretrained` loads.
-CLI: `python -m c2.model.hf import HF_DIR ORBAX_DIR` / `export ORBAX_DIR HF_DIR`.
+The parameter dtype follows the stored embedding (float32 stays float32; bf16 and FP8 releases
+load as bfloat16) unless `dtype=` says otherwise; routers stay float32. Slicing and FP8 live in
+`c2.model.hf_tensors`, config.json mapping in `c2.model.hf_config`.
+
+Export writes per-expert safetensors + config.json that `from_pretrained` loads (single process:
+each layer is gathered to the host in turn). CLI, through orbax:
+`python -m c2.model.hf import HF_DIR ORBAX_DIR [--dtype bfloat16] [--mesh fsdp=8]` and
+`python -m c2.model.hf export ORBAX_DIR HF_DIR`.
 """
 
 from __future__ import annotations
@@ -259,22 +265,20 @@ def _make_leaf(leaf: Leaf, src, sharding, block) -> jax.Array:
     def callback(index):
         sl = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, leaf.shape))
         key = tuple((s.start, s.stop) for s in sl)
-        if key not in cache:
-            stack = [range(s.start, s.stop) for s in sl[:k]]
-            parts = [
-                read_slice(src, leaf.srcs[i], per_tensor, sl[k:], block).astype(dtype)
-                for i in np.ndindex(*(len(r) for r in stack))
-                for i in [tuple(r[j] for r, j in zip(stack, i))]
-            ]
+        if key not in cache:  # replicated shards ask for the same slice: read it once
             shape = tuple(s.stop - s.start for s in sl)
-            cache[key] = np.stack(parts).reshape(shape) if k else parts[0].reshape(shape)
+            parts = []
+            for i in np.ndindex(*shape[:k]):  # the layers / experts of this shard
+                s = leaf.srcs[tuple(a.start + j for a, j in zip(sl, i))]
+                parts.append(read_slice(src, s, per_tensor, sl[k:], block).astype(dtype))
+            cache[key] = np.stack(parts).reshape(shape)
         return cache[key]
 
     return jax.make_array_from_callback(leaf.shape, sharding, callback)
 
 
-def _fp8_block(hf: dict) -> tuple[int, int] | None:
-    q = hf.get("quantization_config")
+def _fp8_block(q: dict | None) -> tuple[int, int] | None:
+    """Block shape of block-FP8 weights (DeepSeek-V3 / Kimi-K2 releases), None if unquantised."""
     if not q:
         return None
     if q.get("quant_method") != "fp8" or q.get("fmt", "e4m3") != "e4m3":
@@ -324,7 +328,10 @@ def from_hf_source(
         for i in range(cfg.n_layers + cfg.mtp_depth)
         if f"{prefix}model.layers.{i}.mlp.experts.gate_up_proj" in names
     )
-    block = _fp8_block(hf_config.get("text_config", hf_config))
+    block = _fp8_block(
+        hf_config.get("quantization_config")
+        or hf_config.get("text_config", {}).get("quantization_config")
+    )
     leaves = _leaves(cfg, name_plan(cfg, prefix, fused))
     _check_names(leaves, src, cfg, fused, prefix, block)
     shardings = (
@@ -393,7 +400,6 @@ def export_hf_checkpoint(
     c = config
     if c.mtp_depth and not c.is_mla:
         raise ValueError("ModelConfig.mtp_depth>0 for qwen3_moe: Qwen3-MoE has no HF MTP format")
-    hf_cfg = config_to_hf(c)
     leaves = _leaves(c, name_plan(c))
     flat = {
         "/".join(str(k.key) for k in p): x
@@ -404,6 +410,7 @@ def export_hf_checkpoint(
             f"params do not match the config: missing {sorted(set(leaves) - set(flat))}, "
             f"unexpected {sorted(set(flat) - set(leaves))}"
         )
+    hf_cfg = config_to_hf(c) | {"dtype": str(flat["embed"].dtype)}  # what the arrays hold
     # (Src, leaf key, stack index) for every HF tensor, then greedy shards by bytes.
     items = []
     for key, (_, leaf) in leaves.items():
@@ -496,7 +503,7 @@ def load_orbax(path: str | Path, mesh: Mesh | None = None) -> tuple[ModelConfig,
 
 
 def _mesh_from_flag(spec: str) -> Mesh | None:
-    """ "fsdp=8,expert=1" -> a c2 mesh; "" -> None (one device)."""
+    """A c2 mesh from "AXIS=N,..." (e.g. "fsdp=8"); None for "" (one device)."""
     if not spec:
         return None
     from c2 import sharding
