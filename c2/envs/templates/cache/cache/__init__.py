@@ -1,0 +1,1 @@
+"""Bounded caches: least-recently-used eviction and time-to-live expiry."""

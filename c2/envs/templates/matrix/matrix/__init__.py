@@ -1,0 +1,1 @@
+"""Small dense matrices as lists of rows."""
