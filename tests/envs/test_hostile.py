@@ -257,12 +257,17 @@ def test_deleting_the_hidden_tests_is_futile(sandbox, tmp_path):
 @pytest.mark.slow
 def test_hostile_episode_is_graded_as_failure_with_reason(sandbox, tmp_path):
     task = _tiny_task(tmp_path / "task")
+    host_file = tmp_path / "host.txt"
+    host_file.write_text("original\n")
     hostile = [
         "bomb() { bomb | bomb & }; bomb; sleep 2",
         "python -c 'x = bytearray(1 << 32)'",
         "yes",
         "while true; do :; done",
         "(setsid sleep 600 &); echo spawned",
+        f"echo evil > {host_file}; echo evil >> /etc/passwd; cat {host_file}",
+        "python -c \"import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)\"",
+        "kill -9 $PPID; kill -9 -1; rm -rf /grading /tests ../tests",
     ]
     config = EpisodeConfig(
         run_limits=SandboxLimits(
@@ -282,3 +287,5 @@ def test_hostile_episode_is_graded_as_failure_with_reason(sandbox, tmp_path):
         assert {"memory", "processes"} <= hit
     assert "sandbox limits hit during the episode" in g.failure_reason
     assert not _with_marker("sleep 600")
+    assert host_file.read_text() == "original\n" and "evil" not in Path("/etc/passwd").read_text()
+    assert g.correctness["p2p_passed"] == 1  # the hidden tests still ran
