@@ -13,6 +13,8 @@ function for the agent to implement.
 from __future__ import annotations
 
 import argparse
+import ast
+import concurrent.futures as cf
 import dataclasses
 import io
 import json
@@ -154,8 +156,6 @@ def _split_outcomes(run: TestRun, clean: TestRun) -> tuple[list[str], list[str]]
 
 def _stub_function(source: str, qualname: str) -> str:
     """Replace the body (docstring included) of `qualname` with `pass`."""
-    import ast
-
     tree = ast.parse(source)
     scope, parts = tree.body, qualname.split(".")
     node = None
@@ -309,8 +309,6 @@ def generate(
     workers: int = 1,
 ) -> list[Task]:
     """Tasks 0..n-1 of the stream; task i has level levels[i % len(levels)]."""
-    import concurrent.futures as cf
-
     sandbox = sandbox or Sandbox()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
 

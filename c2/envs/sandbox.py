@@ -278,6 +278,9 @@ class Sandbox:
         if not workdir.is_dir():
             raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
         workdir = workdir.resolve()
+        clash = [p for p in self.runtime_paths if _nested(p, mount_at)]
+        if self.isolated and (clash or _nested("/usr", mount_at) or mount_at in ("/", "/etc")):
+            raise SandboxError(f"mount_at={mount_at!r} would cover the runtime {clash or '/usr'}")
         if not self.isolated and binds:
             raise SandboxError(
                 f"binds={list(binds)!r}: the {self.isolation.backend!r} backend cannot mount "
@@ -441,6 +444,12 @@ class Sandbox:
         if not self.isolated:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether one of two absolute paths is the other or inside it."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def _tree_bytes(root: Path) -> int:

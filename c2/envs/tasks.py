@@ -15,12 +15,27 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 REQUIRED_METADATA = ("task_id", "fail_to_pass", "pass_to_pass", "difficulty", "seed", "source")
 GRADERS = ("pytest", "harbor")
+# The workspace may not be mounted over what the sandbox itself provides.
+_SYSTEM_DIRS = {
+    "usr",
+    "bin",
+    "sbin",
+    "lib",
+    "lib64",
+    "etc",
+    "proc",
+    "dev",
+    "tmp",
+    "grading",
+    "root",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +97,12 @@ def validate_metadata(meta: Mapping, where: str) -> None:
             raise ValueError(f"{where}: metadata[{k!r}]={meta[k]!r}: expected a list of test ids")
     if not meta["fail_to_pass"]:
         raise ValueError(f"{where}: metadata['fail_to_pass'] is empty: nothing to solve")
+    mount = meta.get("mount_at", "/workspace")
+    if not re.fullmatch(r"(/[A-Za-z0-9_.-]+)+", mount) or mount.split("/")[1] in _SYSTEM_DIRS:
+        raise ValueError(
+            f"{where}: metadata['mount_at']={mount!r}: expected an absolute path outside "
+            f"the system directories {sorted(_SYSTEM_DIRS)}"
+        )
     if meta.get("grader", "pytest") not in GRADERS:
         raise ValueError(
             f"{where}: metadata['grader']={meta['grader']!r}: expected one of {GRADERS}"

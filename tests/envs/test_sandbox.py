@@ -108,6 +108,9 @@ def test_readonly_workspace_and_binds(sandbox, workspace, tmp_path):
 def test_workdir_errors(sandbox, tmp_path):
     with pytest.raises(SandboxError, match="expected an existing directory"):
         sandbox.run("true", tmp_path / "missing")
+    for bad in ("/usr/local", "/", sandbox.runtime_paths[0]):
+        with pytest.raises(SandboxError, match="would cover the runtime"):
+            sandbox.run("true", tmp_path, readonly=True, mount_at=bad)
     if sandbox.isolation.host_uid != os.geteuid():
         (tmp_path / "mine").mkdir()
         with pytest.raises(SandboxError, match="give_workspace"):

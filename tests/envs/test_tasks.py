@@ -44,6 +44,8 @@ def test_roundtrip(tmp_path):
         ({"fail_to_pass": []}, "['fail_to_pass'] is empty"),
         ({"pass_to_pass": "tests/x"}, "expected a list of test ids"),
         ({"grader": "docker"}, "grader']='docker'"),
+        ({"mount_at": "/usr"}, "mount_at']='/usr': expected an absolute path outside"),
+        ({"mount_at": "app"}, "mount_at']='app'"),
     ],
 )
 def test_metadata_validation(tmp_path, change, message):
