@@ -20,17 +20,6 @@ from c2.envs.tasks import write_task
 from c2.envs.tools import ToolCall, Tools
 
 
-def _uid_processes(uid):
-    out = set()
-    for p in psutil.process_iter(["uids", "pid"]):
-        try:
-            if p.info["uids"] and p.info["uids"].real == uid:
-                out.add(p.info["pid"])
-        except psutil.Error:
-            pass
-    return out
-
-
 def _with_marker(marker):
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -43,14 +32,14 @@ def _with_marker(marker):
 
 
 def test_process_flood_is_capped_and_reaped(sandbox, workspace):
-    uid = sandbox.isolation.host_uid
-    before = _uid_processes(uid) if uid != os.geteuid() else set()
+    marker = "c2-forkbomb-5150"  # forked shells keep the command line, marker included
     limits = SandboxLimits(timeout_s=5, max_processes=32)
-    r = sandbox.run("bomb() { bomb | bomb & }; bomb; sleep 3", workspace, limits=limits)
+    r = sandbox.run(
+        f"bomb() {{ bomb | bomb & }}; bomb; sleep 3 # {marker}", workspace, limits=limits
+    )
     if sandbox.isolation.cgroups is not None:
         assert "processes" in r.limits_hit
-    if uid != os.geteuid():  # every process of the sandbox uid is gone again
-        assert _uid_processes(uid) <= before
+    assert not _with_marker(marker)  # every process of the flood is gone
     assert sandbox.run("echo alive", workspace).stdout == "alive\n"  # the harness still works
 
 
@@ -64,10 +53,10 @@ def test_memory_hog_is_killed(sandbox, workspace):
 
 
 def test_infinite_loop_stops_at_the_deadline(sandbox, workspace):
-    r = sandbox.run(["python", "-c", "while True: pass"], workspace,
-                    limits=SandboxLimits(timeout_s=2))  # fmt: skip
+    code = "while True: pass  # c2-spin-6061"
+    r = sandbox.run(["python", "-c", code], workspace, limits=SandboxLimits(timeout_s=2))
     assert r.timed_out and r.limit in ("wall_time", "cpu")
-    assert not _with_marker("while True: pass")
+    assert not _with_marker("c2-spin-6061")
 
 
 def test_output_flood_is_bounded(sandbox, workspace):

@@ -124,7 +124,7 @@ def test_timeout(sandbox, workspace):
 
 def test_cpu_limit(sandbox, workspace):
     limits = SandboxLimits(timeout_s=20, cpu_s=1)
-    r = sandbox.run(["python", "-c", "while True: pass"], workspace, limits=limits)
+    r = sandbox.run(["python", "-c", "while True: pass  # c2-cpu-limit"], workspace, limits=limits)
     assert r.limit == "cpu" and not r.timed_out
 
 
