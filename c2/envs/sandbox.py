@@ -80,7 +80,8 @@ class SandboxLimits:
 
 @dataclasses.dataclass
 class SandboxResult:
-    """What one sandboxed command did. exit_code is 128+N when signal N ended it."""
+    """What one sandboxed command did. exit_code is 128+N when signal N ended it; `limit` is
+    the one of LIMITS that stopped it, `limits_hit` every one it ran into."""
 
     exit_code: int | None
     timed_out: bool
