@@ -73,7 +73,7 @@ def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
     return E * jnp.sum(jax.lax.stop_gradient(frac) * mean_prob)
 
 
-CPU_TILE = 64  # rows per tile of the CPU grouped matmul
+CPU_TILE = 64  # rows per tile of the CPU grouped matmul (a multiple of the MXFP8 block)
 
 
 # Expert computation ---------------------------------------------------------------------------
@@ -113,12 +113,12 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
     dtype = jnp.dtype(c.dtype)
 
     def mm(a, w):
-        return jnp.einsum(
-            "tmk,tkn->tmn",
-            a.astype(dtype),
-            w[tile_group].astype(dtype),
-            preferred_element_type=jnp.float32,
-        ).astype(dtype)
+        a, w = a.astype(dtype), w[tile_group].astype(dtype)
+        if c.quant == "mxfp8":  # per tile = per group: tiles start on group (and block) bounds
+            from c2.quant import mxfp8
+
+            return jax.vmap(lambda a, w: mxfp8.mxfp8_dot(a, w, block_size=c.mxfp8_block_size))(a, w)
+        return jnp.einsum("tmk,tkn->tmn", a, w, preferred_element_type=jnp.float32).astype(dtype)
 
     h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
     yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)
@@ -127,7 +127,7 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
 
 def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
     """SwiGLU experts over rows sorted by expert: [N,H] -> [N,H]; rows past sum(sizes) give 0."""
-    if c.quant != "mxfp8" and jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu":
         return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=CPU_TILE)
     h = jax.nn.silu(_ragged(x_NH, p["w_gate"], group_sizes_G, c))
     h = h * _ragged(x_NH, p["w_up"], group_sizes_G, c)

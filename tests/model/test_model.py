@@ -270,3 +270,27 @@ def test_ragged_exchange_equals_padded():
 def test_ragged_exchange_config_is_dropless_only():
     with pytest.raises(ValueError, match="expert_capacity_factor"):
         model.presets.get("tiny_qwen3_moe", expert_exchange="ragged", expert_capacity_factor=1.0)
+
+
+def test_tiled_grouped_mlp_mxfp8_equals_mxfp8_ragged_dot():
+    """MXFP8 experts on CPU tiles compute what c2.quant's mxfp8_ragged_dot computes, gradients too:
+    tiles start on group boundaries, so every quantisation block sees the same rows."""
+    from c2.quant import mxfp8
+
+    c = model.presets.get("tiny_qwen3_moe", dtype="float32", quant="mxfp8")
+    p = model.init_params(c, jax.random.key(0))["moe_layers"]["mlp"]
+    p = {k: p[k][0] for k in ("w_gate", "w_up", "w_down")}
+    sizes = jnp.array([40, 0, 70, 1, 0, 0, 3, 9, 0, 0, 0, 2, 0, 1, 0, 6], jnp.int32)
+    x = jax.random.normal(jax.random.key(1), (int(sizes.sum()), c.d_model))
+
+    def ragged(x, p):
+        rd = lambda a, w: mxfp8.mxfp8_ragged_dot(a, w, sizes, block_size=32)  # noqa: E731
+        return rd(jax.nn.silu(rd(x, p["w_gate"])) * rd(x, p["w_up"]), p["w_down"])
+
+    def tiled(x, p):
+        return moe._tiled_grouped_mlp(x, p, sizes, c, tile=64)
+
+    np.testing.assert_allclose(tiled(x, p), ragged(x, p), atol=1e-5, rtol=1e-5)
+    g_t = jax.grad(lambda x, p: jnp.sum(tiled(x, p) ** 2), argnums=(0, 1))(x, p)
+    g_r = jax.grad(lambda x, p: jnp.sum(ragged(x, p) ** 2), argnums=(0, 1))(x, p)
+    chex.assert_trees_all_close(g_t, g_r, atol=1e-4, rtol=1e-4)
