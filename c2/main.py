@@ -4,10 +4,12 @@ A config with `stages` runs the pipeline (stages, evaluation, report); any other
 stage. Either resumes by itself from an existing DIR. Logic lives in c2/train/pipeline.py.
 """
 
+import logging as std_logging
 import re
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from c2.train import pipeline
@@ -34,10 +36,16 @@ def parse_flags(argv):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.set_verbosity(logging.INFO)
+    absl_logging.set_verbosity(absl_logging.WARNING)  # libraries (orbax) stay quiet
+    std_logging.getLogger("c2").setLevel(std_logging.INFO)  # c2 reports its progress
+    run(_CONFIG.value, _WORKDIR.value)
+
+
+def run(config, workdir: str):
+    """The whole job; a config mistake exits with one line naming the field, no traceback."""
     try:
-        pipeline.run(_CONFIG.value, _WORKDIR.value)
-    except ConfigError as e:  # a user mistake: one clear line, no traceback
+        return pipeline.run(config, workdir)
+    except ConfigError as e:
         sys.exit(f"config error: {e}")
 
 

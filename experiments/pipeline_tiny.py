@@ -14,7 +14,7 @@ SFT about 1.5 each, evaluation about 1.5).
 Expected: held-out bits per byte falls from ~8.3 (untrained) to about 3 after stage 1; at 1024
 tokens the extended model beats the stage-1 model; SFT lowers the response bits per byte.
 
-`config.train.steps` sets stage 1's steps; the extension gets 1/8 and SFT 1/5 of them;
+`config.train.steps` sets stage 1's steps; the extension gets 1/12 and SFT 1/5 of them;
 `config.train.checkpoint_every` applies to every stage; `config.init_from` is stage 1's start
 ("" fresh, a workdir, or "hf:DIR"). The arg `quick` (`--config=experiments/pipeline_tiny.py:quick`)
 is a one-minute smoke run of the same job with a smaller model and a few steps per stage.
@@ -45,10 +45,11 @@ def get_config(arg=None):
     c.stages.long_context = load_config(HERE / "long_context_tiny.py")
     c.stages.sft = load_config(HERE / "sft_tiny.py")
     c.eval = eval_defaults()
+    c.eval.short_batches, c.eval.long_batches = 4, 2  # 8,192 held-out tokens at either length
 
     steps, every = c.train.get_ref("steps"), c.train.get_ref("checkpoint_every")
     c.stages.cpt.train.steps = steps
-    c.stages.long_context.train.steps = steps // 8
+    c.stages.long_context.train.steps = steps // 12
     c.stages.sft.train.steps = steps // 5
     for name in c.stage_order:
         stage = c.stages[name]
@@ -61,7 +62,7 @@ def get_config(arg=None):
         c.stages[name].optimizer.warmup_steps = 2
 
     if arg == "quick":
-        c.train.steps = 16
+        c.train.steps = 24  # stage 1: 24 steps, extension 2, SFT 4
         c.train.checkpoint_every = 8
         for name in c.stage_order:
             stage = c.stages[name]
@@ -76,6 +77,7 @@ def get_config(arg=None):
         c.stages.cpt.data.seq_len = 64
         c.stages.cpt.data.batch_size = 8
         c.stages.cpt.optimizer.warmup_steps = 4
+        c.stages.long_context.optimizer.warmup_steps = 1
         c.stages.long_context.model.yarn.original_max_position_embeddings = 64
         c.stages.sft.model.yarn.original_max_position_embeddings = 64
         c.stages.long_context.data.seq_len = 256

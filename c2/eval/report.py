@@ -18,6 +18,8 @@ def _fmt(value, digits=3) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if value.is_integer() and abs(value) < 1e9:
+            return f"{int(value):,}"
         if not math.isfinite(value):
             return str(value)
         if abs(value) >= 1e5:

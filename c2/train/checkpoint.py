@@ -42,15 +42,32 @@ def _leaf_checksum(x: jax.Array) -> jax.Array:
     return jnp.sum(bits * weight, dtype=jnp.uint32)
 
 
-_leaf_checksum_jit = jax.jit(_leaf_checksum)
+@jax.jit
+def _checksums(leaves):
+    return [_leaf_checksum(x) for x in leaves]
 
 
 def tree_checksums(tree) -> dict[str, int]:
-    """{path: checksum} for every array leaf of `tree` (one small jit per leaf: leaves may live
-    on different devices)."""
+    """{path: checksum} for every array leaf of `tree`; one jit per set of devices the leaves
+    live on (a run's state is all on its mesh: one compiled computation)."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    sums = jax.device_get([_leaf_checksum_jit(x) for _, x in flat])
-    return {path_str(p): int(np.asarray(v)) for (p, _), v in zip(flat, sums)}
+    groups: dict = {}
+    for i, (_, x) in enumerate(flat):
+        groups.setdefault(frozenset(x.sharding.device_set), []).append(i)
+    sums = [None] * len(flat)
+    for idx in groups.values():
+        for i, v in zip(idx, jax.device_get(_checksums([flat[i][1] for i in idx]))):
+            sums[i] = int(np.asarray(v))
+    return {path_str(p): v for (p, _), v in zip(flat, sums)}
+
+
+def _split(sums: dict[str, int]) -> dict[str, dict[str, int]]:
+    """{"params/a/b": s} -> {"params": {"a/b": s}} (one checksum pass covers both trees)."""
+    out: dict[str, dict[str, int]] = {}
+    for path, value in sums.items():
+        top, _, rest = path.partition("/")
+        out.setdefault(top, {})[rest] = value
+    return out
 
 
 class CorruptCheckpoint(RuntimeError):
@@ -86,7 +103,7 @@ class Checkpointer:
         """Starts an async save of the state after `step` steps; `meta` must be JSON-able."""
         meta = dict(meta) | {
             "step": int(step),
-            "checksums": {"params": tree_checksums(params), "opt_state": tree_checksums(opt_state)},
+            "checksums": _split(tree_checksums({"params": params, "opt_state": opt_state})),
         }
         return self._mngr.save(
             step,
@@ -111,8 +128,9 @@ class Checkpointer:
         meta = out["meta"]
         if not isinstance(meta, Mapping) or meta.get("step") != step:
             raise CorruptCheckpoint(f"step {step}: metadata missing or for another step")
-        for name in ("params", "opt_state"):
-            if name in items and tree_checksums(out[name]) != meta["checksums"][name]:
+        restored = {name: out[name] for name in ("params", "opt_state") if name in items}
+        for name, sums in _split(tree_checksums(restored)).items():
+            if sums != meta["checksums"][name]:
                 raise CorruptCheckpoint(f"step {step}: {name} do not match their checksums")
         return out
 

@@ -44,7 +44,7 @@ def test_pipeline_steps_follow_the_top_level_fields():
     config.train.steps = 80
     config.train.checkpoint_every = 40
     stages = validate_pipeline(config, Path("/tmp/unused"), num_devices=1)
-    assert [s.train.steps for s in stages.values()] == [80, 10, 16]
+    assert [s.train.steps for s in stages.values()] == [80, 6, 16]
     assert {s.train.checkpoint_every for s in stages.values()} == {40}
     assert stages["long_context"].init_from == "/tmp/unused/cpt"
     assert stages["sft"].init_from == "/tmp/unused/long_context"
