@@ -20,7 +20,7 @@ import numpy as np
 EXPERIMENT = Path(__file__).resolve().parents[2] / "experiments" / "cpt_tiny.py"
 
 
-def run(quant: str, workdir: Path, steps: int, block_size: int) -> list[dict]:
+def run(quant: str, workdir: Path, steps: int, block_size: int, lr: float | None) -> list[dict]:
     from c2.train.config import load_config
     from c2.train.lm import build_task
     from c2.train.loop import train
@@ -32,6 +32,8 @@ def run(quant: str, workdir: Path, steps: int, block_size: int) -> list[dict]:
     config.model.quant = quant
     config.model.overrides.mxfp8_block_size = block_size
     config.train.steps = steps
+    if lr:
+        config.optimizer.lr = lr
     config.train.checkpoint_every = steps
     config.train.eval_every = steps
     train(config, workdir, build_task(config))
@@ -48,21 +50,28 @@ def main(argv=None):
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--block_size", type=int, default=32, choices=(16, 32))
+    ap.add_argument(
+        "--lr", type=float, default=None, help="peak learning rate (default: the config's)"
+    )
     args = ap.parse_args(argv)
     root = Path(args.workdir)
     curves, seconds = {}, {}
     for quant in ("bf16", "mxfp8"):
         t = time.perf_counter()
-        curves[quant] = run(quant, root / quant, args.steps, args.block_size)
+        curves[quant] = run(quant, root / quant, args.steps, args.block_size, args.lr)
         seconds[quant] = time.perf_counter() - t
     final = {q: final_loss(r) for q, r in curves.items()}
     rel = abs(final["mxfp8"] - final["bf16"]) / final["bf16"]
+    heldout = {
+        q: [r["eval_bpb"] for r in recs if "eval_bpb" in r][-1:] for q, recs in curves.items()
+    }
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "steps": args.steps,
         "block_size": args.block_size,
         "final_loss": final,
         "relative_difference": rel,
+        "heldout_bits_per_byte": heldout,
         "wall_seconds": seconds,
     }
     (root / "mxfp8_vs_bf16.json").write_text(json.dumps(result, indent=2))
