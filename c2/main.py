@@ -17,6 +17,11 @@ from c2.train.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and reports.")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed",
+    False,
+    "Multi-host run: call jax.distributed.initialize() first (settings from the cluster).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -38,6 +43,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     absl_logging.set_verbosity(absl_logging.WARNING)  # libraries (orbax) stay quiet
     std_logging.getLogger("c2").setLevel(std_logging.INFO)  # c2 reports its progress
+    if _DISTRIBUTED.value:
+        import jax
+
+        jax.distributed.initialize()
     run(_CONFIG.value, _WORKDIR.value)
 
 

@@ -1,9 +1,9 @@
 """Stage 1 at real scale: Kimi-K2 (1.04T total, 33B active with the added MTP layer) continued
 pretraining on code at 32k tokens (RECIPE.md section 1.1), laid out for 256 GPUs.
 
-Command (on a 256-GPU cluster, one process per host; jax.distributed initialises from the
-cluster environment):
-    python -m c2.main --config=experiments/cpt_kimi_k2.py --workdir=runs/cpt_kimi_k2
+Command (on a 256-GPU cluster, one process per host; --distributed initialises the JAX runtime
+from the cluster environment):
+    python -m c2.main --config=experiments/cpt_kimi_k2.py --workdir=runs/cpt_kimi_k2 --distributed
 with the HF base model in /data/Kimi-K2-Instruct and the code corpus in /data/code.array_record
 (or override --config.init_from=hf:DIR, --config.data.corpus, --config.data.tokenizer).
 Runtime: 12,000 steps x 512 x 32,768 tokens = 201B tokens at 3.26e11 training FLOPs per token

@@ -2,7 +2,8 @@
 section 1.2), context parallelism 8 and expert parallelism 8 on 256 GPUs.
 
 Command (after experiments/cpt_kimi_k2.py):
-    python -m c2.main --config=experiments/long_context_kimi_k2.py --workdir=runs/lc_kimi_k2
+    python -m c2.main --config=experiments/long_context_kimi_k2.py --workdir=runs/lc_kimi_k2 \\
+        --distributed
 with long code documents in /data/long_code.array_record (--config.data.corpus to change).
 Runtime: 400 steps x 32 x 262,144 tokens = 3.4B tokens at 1.2e12 FLOPs per token (attention
 dominates at this length) = 4.0e21 FLOPs: about 11 hours on 256 H200 at 40% of the bf16 peak.

@@ -2,7 +2,7 @@
 (RECIPE.md section 1.3), 32k tokens, the stage-1 layout on 256 GPUs, keeping the 256k YaRN setting.
 
 Command (after experiments/long_context_kimi_k2.py):
-    python -m c2.main --config=experiments/sft_kimi_k2.py --workdir=runs/sft_kimi_k2
+    python -m c2.main --config=experiments/sft_kimi_k2.py --workdir=runs/sft_kimi_k2 --distributed
 with the SFT set in /data/sft.jsonl ({"prompt", "response"} per line; --config.data.corpus).
 Runtime: 500 steps x 256 x 32,768 tokens = 4.2B packed tokens at 3.26e11 FLOPs per token =
 1.4e21 FLOPs: about 4 hours on 256 H200 at 40% of the bf16 peak.

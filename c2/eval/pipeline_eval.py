@@ -146,5 +146,6 @@ def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Pat
         "sft_seq_len": sft_stage.data.seq_len if sft_stage is not None else None,
         "rows": rows,
     }
-    (workdir / EVAL_FILE).write_text(json.dumps(results, indent=2))
+    if jax.process_index() == 0:
+        (workdir / EVAL_FILE).write_text(json.dumps(results, indent=2))
     return results

@@ -9,6 +9,8 @@ previous one.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -70,6 +72,47 @@ def _split(sums: dict[str, int]) -> dict[str, dict[str, int]]:
     return out
 
 
+class ProcessStateHandler(ocp.CheckpointHandler):
+    """One JSON file per process: each host's data-iterator state (captured when the save is
+    requested, so the background write never races the iterator)."""
+
+    @staticmethod
+    def _file(directory) -> str:
+        return f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+
+    def save(self, directory, args: ProcessStateSave):
+        (directory / self._file(directory)).write_text(json.dumps(args.state))
+
+    def restore(self, directory, args: ProcessStateRestore | None = None):
+        path = directory / self._file(directory)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path} is missing (was the run saved with another host count?)"
+            )
+        return json.loads(path.read_text())
+
+    def metadata(self, directory):
+        return None
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+
+@ocp.args.register_with_handler(ProcessStateHandler, for_save=True)
+@dataclasses.dataclass
+class ProcessStateSave(ocp.args.CheckpointArgs):
+    state: object
+
+
+@ocp.args.register_with_handler(ProcessStateHandler, for_restore=True)
+@dataclasses.dataclass
+class ProcessStateRestore(ocp.args.CheckpointArgs):
+    pass
+
+
 class CorruptCheckpoint(RuntimeError):
     """A checkpoint that cannot be read back as it was written."""
 
@@ -89,7 +132,9 @@ class Checkpointer:
 
     def _open(self) -> None:
         self._mngr = ocp.CheckpointManager(
-            self.directory, options=self._options, item_names=("params", "opt_state", "meta")
+            self.directory,
+            options=self._options,
+            item_names=("params", "opt_state", "meta", "data"),
         )
 
     def all_steps(self) -> list[int]:
@@ -99,8 +144,11 @@ class Checkpointer:
         steps = self.all_steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, params, opt_state, meta: Mapping, *, force: bool = False) -> bool:
-        """Starts an async save of the state after `step` steps; `meta` must be JSON-able."""
+    def save(
+        self, step: int, params, opt_state, meta: Mapping, data_state=None, *, force: bool = False
+    ) -> bool:
+        """Starts an async save of the state after `step` steps; `meta` (written by the primary
+        host) and `data_state` (this host's iterator state, one file per host) are JSON-able."""
         meta = dict(meta) | {
             "step": int(step),
             "checksums": _split(tree_checksums({"params": params, "opt_state": opt_state})),
@@ -111,12 +159,13 @@ class Checkpointer:
                 params=ocp.args.StandardSave(params),
                 opt_state=ocp.args.StandardSave(opt_state),
                 meta=ocp.args.JsonSave(meta),
+                data=ProcessStateSave(data_state),
             ),
             force=force,
         )
 
     def _restore_step(self, step: int, abstract_params, abstract_opt_state):
-        items = {"meta": ocp.args.JsonRestore()}
+        items = {"meta": ocp.args.JsonRestore(), "data": ProcessStateRestore()}
         if abstract_params is not None:
             items["params"] = ocp.args.StandardRestore(abstract_params)
         if abstract_opt_state is not None:
@@ -145,7 +194,8 @@ class Checkpointer:
         self._open()
 
     def restore_latest(self, abstract_params, abstract_opt_state=None, *, set_aside=True):
-        """(step, params, opt_state, meta) of the newest good checkpoint, or None if none is.
+        """(step, params, opt_state, meta) of the newest good checkpoint, or None if none is;
+        meta["data_state"] is this host's data-iterator state.
 
         `abstract_*` are pytrees of jax.ShapeDtypeStruct with shardings; pass None for
         `abstract_opt_state` to read the parameters only (a new stage starting from this one).
@@ -158,7 +208,12 @@ class Checkpointer:
                 if set_aside:
                     self._set_aside(step)
                 continue
-            return step, out.get("params"), out.get("opt_state"), out["meta"]
+            return (
+                step,
+                out.get("params"),
+                out.get("opt_state"),
+                out["meta"] | {"data_state": out["data"]},
+            )
         return None
 
     def wait(self) -> None:

@@ -149,8 +149,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
     """Runs (or resumes) one stage to `config.train.steps`; returns the last logged record."""
     validate_stage(config, task.mesh.devices.size)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     tc = config.train
     tx, schedule = make_optimizer(config.optimizer, tc.steps, task.abstract_params)
     abstract_params, abstract_opt, opt_shardings = _abstract_state(tx, task)
@@ -175,7 +176,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
                 params = task.init_params(init_key(tc.seed))
             opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
             rng = jax.random.key_data(key)
-        writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+        primary = jax.process_index() == 0
+        writer = metrics_lib.MetricsWriter(workdir, resume_step=start, enabled=primary)
         try:
             if start >= tc.steps:
                 log.info("%s is already complete at step %d", workdir, start)
@@ -187,6 +189,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
             writer.close()
     finally:
         ckpt.close()
+    if jax.process_index() != 0:
+        return {}
     plot_run(workdir, title=config.name)
     records = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE)
     record = records[-1] if records else {}
@@ -209,7 +213,8 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
     )
     log.info("compiled the train step in %.1fs", time.perf_counter() - t0)
     n_devices = task.mesh.devices.size
-    bar = tqdm(total=tc.steps, initial=start, disable=not tc.progress_bar, desc=config.name)
+    show = tc.progress_bar and jax.process_index() == 0
+    bar = tqdm(total=tc.steps, initial=start, disable=not show, desc=config.name)
     t_last, last_logged = time.perf_counter(), start
     target_tokens = jnp.float32(0.0)  # summed on device; read at log steps only
     for step in range(start + 1, tc.steps + 1):
@@ -250,10 +255,10 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
         if step % tc.checkpoint_every == 0 or step == tc.steps:
             meta = {
                 "rng": np.asarray(jax.device_get(rng)).tolist(),
-                "data_state": _to_json_state(train_iter.get_state()),
                 "counters": dataclasses.asdict(counters),
             }
-            ckpt.save(step, params, opt_state, meta, force=True)
+            data_state = _to_json_state(train_iter.get_state())
+            ckpt.save(step, params, opt_state, meta, data_state, force=True)
     bar.close()
 
 

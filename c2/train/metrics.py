@@ -42,15 +42,27 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 class MetricsWriter:
-    """Appends step records to metrics.jsonl (flushed per record) and to TensorBoard."""
+    """Appends step records to metrics.jsonl (flushed per record) and to TensorBoard.
 
-    def __init__(self, workdir: str | os.PathLike, *, resume_step: int = 0, tensorboard=True):
+    `enabled=False` (every host but the first in a multi-host run) writes nothing.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        resume_step: int = 0,
+        tensorboard: bool = True,
+        enabled: bool = True,
+    ):
         self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / METRICS_FILE
+        self._file = self._tb = None
+        if not enabled:
+            return
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._truncate(resume_step)
         self._file = self.path.open("a")
-        self._tb = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -69,6 +81,8 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: Mapping[str, object]) -> dict:
         record = {"step": int(step)} | {k: _plain(v) for k, v in metrics.items()}
+        if self._file is None:
+            return record
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._tb is not None:
@@ -78,7 +92,8 @@ class MetricsWriter:
         return record
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -92,20 +92,24 @@ def run_pipeline(config: ml_collections.ConfigDict, workdir: str | Path) -> dict
     from c2.eval import pipeline_eval, report
 
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
     stages = validate_pipeline(config, workdir)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    primary = jax.process_index() == 0  # every host computes; the first one writes
+    if primary:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     timings = {}
     for name, stage in stages.items():
         t0 = time.perf_counter()
         log.info("pipeline stage %s -> %s", name, workdir / name)
         run_stage(stage, workdir / name)
         timings[name] = time.perf_counter() - t0
-        merge_stage_metrics(workdir, list(stages)[: list(stages).index(name) + 1])
+        if primary:
+            merge_stage_metrics(workdir, list(stages)[: list(stages).index(name) + 1])
     t0 = time.perf_counter()
     results = pipeline_eval.evaluate(config, stages, workdir)
     timings["evaluation"] = time.perf_counter() - t0
-    report.write_report(config, stages, workdir, results, timings)
+    if primary:
+        report.write_report(config, stages, workdir, results, timings)
     return results
 
 

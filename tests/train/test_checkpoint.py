@@ -36,7 +36,7 @@ def _abstract(tree):
 def _save_steps(ckpt, mesh, steps):
     for s in steps:
         params, opt_state = _state(mesh, float(s))
-        ckpt.save(s, params, opt_state, {"rng": [s, 0], "data_state": {"next_index": s}})
+        ckpt.save(s, params, opt_state, {"rng": [s, 0]}, {"next_index": s})
     ckpt.wait()
 
 
@@ -85,7 +85,14 @@ def _drop_meta(step_dir: Path):
             f.unlink()
 
 
-@pytest.mark.parametrize("damage", [_corrupt_data_files, _truncate_everything, _drop_meta])
+def _drop_data_state(step_dir: Path):
+    for f in (step_dir / "data").glob("process_*.json"):
+        f.unlink()
+
+
+@pytest.mark.parametrize(
+    "damage", [_corrupt_data_files, _truncate_everything, _drop_meta, _drop_data_state]
+)
 def test_damaged_latest_falls_back_to_previous(tmp_path, mesh, caplog, damage):
     ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
     _save_steps(ckpt, mesh, [1, 2])
