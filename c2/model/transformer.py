@@ -5,7 +5,8 @@ logits [B, T, V] and an `aux` dict:
   topk_idx [L_moe, B, T, k] int32, gates [L_moe, B, T, k], expert_load [L_moe, E] (tokens per
   expert, padding excluded), balance_loss (summed over layers), dropped (expert-exchange
   overflow, 0 when dropless), mtp_hidden [D, B, T, H] (when mtp_depth > 0 and no cache),
-  cache (when a cache was given).
+  cache (when a cache was given), hidden [B, T, H] (the last layer's output before the final
+  norm, when `return_hidden=True`: what MTP drafting feeds on).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def forward(
     cache=None,
     routing=None,
     mesh: Mesh | None = None,
+    return_hidden: bool = False,
 ):
     """Logits [B,T,V] float32 and aux (see module doc); `routing` [L_moe,B,T,k] replays experts."""
     c = cfg
@@ -150,6 +152,8 @@ def forward(
             "dropped": stats["dropped"].sum(),
         }
     logits = lm_head(params, rms_norm(x, params["final_norm"], c.rms_norm_eps), c)
+    if return_hidden:
+        aux["hidden"] = x
     if c.mtp_depth and cache is None:
         aux["mtp_hidden"] = _mtp(params, x, tokens, c, positions, segment_ids, mesh)
     if cache is not None:
@@ -165,14 +169,39 @@ def _mtp(params, h, tokens, c: ModelConfig, positions, segment_ids, mesh):
     """DeepSeek-V3 MTP: depth d at position t sees h^{d-1}_t and the embedding of token t+d."""
     outs = []
     for d in range(c.mtp_depth):
-        mp = jax.tree.map(lambda a, d=d: a[d], params["mtp"])
         nxt = jnp.pad(tokens[:, d + 1 :], ((0, 0), (0, d + 1)))  # token t+d+1; tail masked by loss
-        e = rms_norm(embed(params, nxt, c), mp["enorm"], c.rms_norm_eps)
-        hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
-        h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c)
-        h, _, _ = block(h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0)
+        h, _ = mtp_module(
+            params, d, h, nxt, c, positions=positions, segment_ids=segment_ids, mesh=mesh
+        )
         outs.append(h)
     return jnp.stack(outs)
+
+
+def mtp_module(
+    params,
+    depth: int,
+    h,
+    next_tokens,
+    cfg: ModelConfig,
+    *,
+    positions,
+    segment_ids=None,
+    mesh=None,
+    cache=None,
+):
+    """One MTP module (0-based `depth`): hidden h [B,T,H] at t and token t+depth+1 [B,T] -> the
+    module's hidden [B,T,H] (and its one-layer cache, `pos` included, when a cache is given)."""
+    c = cfg
+    mp = jax.tree.map(lambda a: a[depth], params["mtp"])
+    if segment_ids is None:
+        segment_ids = jnp.ones(next_tokens.shape, jnp.int32)
+    e = rms_norm(embed(params, next_tokens, c), mp["enorm"], c.rms_norm_eps)
+    hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
+    h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c)
+    h, _, cache = block(
+        h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0, cache=cache
+    )
+    return h, cache
 
 
 def mtp_logits(params, aux, cfg: ModelConfig) -> jax.Array:

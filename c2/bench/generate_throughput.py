@@ -1,0 +1,241 @@
+"""Generation throughput and train/inference agreement of c2.infer, in one run on this machine.
+
+1. c2 `Engine` vs Hugging Face `transformers` `generate` (PyTorch, CPU) on identical weights
+   (exported with c2.model.hf.export_hf_checkpoint), same batch, greedy, same new tokens.
+2. Plain vs MTP-speculative greedy decoding (1..3 drafts): tokens/s, acceptance rate, mean
+   accepted length; outputs must be identical to plain greedy.
+3. Recorded logprobs vs the training forward's, with the recorded experts replayed and without,
+   in float32 and bfloat16 (sampling at temperature 1).
+
+Speculative numbers only mean something for a model whose MTP head was trained: pass a pipeline
+workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
+
+Command:
+    python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt
+    (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights)
+Runtime: about 3 minutes on the 2-core reference machine (transformers is most of it).
+Expected: c2 several times transformers' tokens/s; speculative faster than plain at acceptance
+above ~0.6; float32 replayed mismatch ~1e-6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from c2 import model
+from c2.infer import Engine
+
+
+def load_stage(stage_dir: Path):
+    """(ModelConfig, params) of the newest checkpoint of a pipeline stage directory."""
+    import ml_collections
+
+    from c2.train import lm
+    from c2.train.checkpoint import Checkpointer
+
+    config = ml_collections.ConfigDict(json.loads((stage_dir / "config.json").read_text()))
+    cfg = lm.model_config(config)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+        model.abstract_params(cfg),
+    )
+    ckpt = Checkpointer(stage_dir / "checkpoints")
+    found = ckpt.restore_latest(abstract, None, set_aside=False)
+    ckpt.close()
+    if found is None:
+        raise FileNotFoundError(f"no readable checkpoint in {stage_dir / 'checkpoints'}")
+    return cfg, found[1], found[0]
+
+
+def heldout_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
+    """[batch, prompt_len] byte tokens: line-aligned windows of held-out standard-library files."""
+    from c2.data.corpus import load_corpus
+    from c2.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    if tok.vocab_size > vocab_size:
+        raise ValueError(f"byte prompts need vocab_size >= {tok.vocab_size}, got {vocab_size}")
+    docs = load_corpus("stdlib").documents("heldout")
+    out = []
+    for i in range(len(docs)):
+        ids = tok.encode_array(docs[i]["text"])
+        if len(ids) < 4 * prompt_len:
+            continue
+        start = int(np.flatnonzero(ids[len(ids) // 2 :] == ord("\n"))[0]) + len(ids) // 2 + 1
+        out.append(ids[start : start + prompt_len])
+        if len(out) == batch:
+            return np.stack(out)
+    raise ValueError(f"only {len(out)} held-out documents are long enough for {batch} prompts")
+
+
+def _timed(fn, repeats: int) -> tuple[float, object]:
+    """(median seconds, last result) after one untimed warm-up call (compilation)."""
+    result = fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)), result
+
+
+def bench_c2(params, cfg, prompts, new_tokens, repeats, **options):
+    B, P = prompts.shape
+    engine = Engine(params, cfg, max_slots=B, max_len=P + new_tokens, **options)
+    seconds, out = _timed(lambda: engine.generate(prompts.tolist(), new_tokens), repeats)
+    tokens = np.stack([c.tokens for c in out])
+    return {"seconds": seconds, "tokens_per_s": tokens.size / seconds, **engine.stats}, tokens
+
+
+def bench_hf(params, cfg, prompts, new_tokens, repeats):
+    import torch
+    import transformers
+
+    from c2.model.hf import export_hf_checkpoint
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.dtype]
+    with tempfile.TemporaryDirectory() as d:
+        export_hf_checkpoint(params, cfg, d)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).eval()
+    ids = torch.tensor(prompts, dtype=torch.long)
+
+    def run():
+        with torch.no_grad():
+            return hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
+    seconds, out = _timed(run, repeats)
+    tokens = out[:, prompts.shape[1] :].numpy()
+    return {
+        "seconds": seconds,
+        "tokens_per_s": tokens.size / seconds,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+    }, tokens
+
+
+def logprob_mismatch(params, cfg, prompts, new_tokens, dtype: str) -> dict:
+    """Sample at temperature 1, recompute the logprobs with the training forward (all prompts
+    have one length: one batch), with the recorded experts replayed and with live routing."""
+    c = cfg.replace(dtype=dtype)
+    B, P = prompts.shape
+    # XLA:CPU has no bf16 x bf16 -> f32 kernel for the batched dot of the MLA cached attention
+    # (attention.py, "bnts,bsr->btnr") when batch > 1: decode bf16 one sequence at a time there.
+    slots = 1 if dtype == "bfloat16" and jax.default_backend() == "cpu" else B
+    engine = Engine(params, c, max_slots=slots, max_len=P + new_tokens, temperature=1.0, seed=0)
+    out = engine.generate(prompts.tolist(), new_tokens)
+    seqs = np.stack([np.concatenate([x.prompt, x.tokens]) for x in out])
+    routing = np.stack(
+        [np.concatenate([x.prompt_routed_experts, x.routed_experts]) for x in out], axis=1
+    ).astype(np.int32)  # [T, B, L, k] -> replay layout [L, B, T, k]
+    replay = jnp.asarray(routing.transpose(2, 1, 0, 3))
+    recorded = np.stack([x.logprobs for x in out])
+
+    @jax.jit
+    def train_logprobs(params, tokens, routing):
+        logits, aux = model.forward(params, tokens, c, routing=routing)
+        lp = jax.nn.log_softmax(logits[:, P - 1 : -1].astype(jnp.float32), -1)
+        return jnp.take_along_axis(lp, tokens[:, P:, None], -1)[..., 0], aux["topk_idx"]
+
+    res = {}
+    for name, r in (("replayed", replay), ("live", None)):
+        lp, live = train_logprobs(params, jnp.asarray(seqs), r)
+        d = np.abs(recorded - np.asarray(lp))
+        res[name] = {
+            "mean_abs": float(d.mean()),
+            "p99_abs": float(np.quantile(d, 0.99)),
+            "max_abs": float(d.max()),
+        }
+        if r is None:
+            same = np.sort(np.asarray(live), -1) == np.sort(np.asarray(replay), -1)
+            res[name]["routing_disagreement"] = float(1 - same.all(-1).mean())
+    return res
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", help="a pipeline workdir (DIR/<stage>/checkpoints)")
+    ap.add_argument("--stage", default="cpt")
+    ap.add_argument("--preset", default="tiny_kimi_k2", help="used when no --workdir is given")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt_len", type=int, default=64)
+    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--drafts", default="1,2,3", help="MTP draft lengths to benchmark")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--skip_hf", action="store_true")
+    ap.add_argument("--out", help="write the results as JSON here")
+    a = ap.parse_args(argv)
+
+    if a.workdir:
+        cfg, params, step = load_stage(Path(a.workdir) / a.stage)
+        source = f"{a.workdir}/{a.stage} step {step}"
+    else:
+        cfg = model.presets.get(a.preset, dtype="float32")
+        params = model.init_params(cfg, jax.random.key(0))
+        source = f"{a.preset}, untrained"
+    prompts = heldout_prompts(a.batch, a.prompt_len, cfg.vocab_size)
+    res = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {jax.default_backend()}",
+        "load_average": os.getloadavg(),
+        "model": source,
+        "dtype": cfg.dtype,
+        "batch": a.batch,
+        "prompt_len": a.prompt_len,
+        "new_tokens": a.new_tokens,
+    }
+    res["c2"], plain = bench_c2(params, cfg, prompts, a.new_tokens, a.repeats)
+    print(f"c2 plain greedy: {res['c2']['tokens_per_s']:.0f} tokens/s")
+    if not a.skip_hf:
+        res["hf"], hf_tokens = bench_hf(params, cfg, prompts, a.new_tokens, a.repeats)
+        res["hf"]["identical_rows"] = int((hf_tokens == plain).all(1).sum())
+        res["hf"]["identical_tokens"] = float((hf_tokens == plain).mean())
+        res["c2_over_hf"] = res["c2"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
+        print(f"transformers: {res['hf']['tokens_per_s']:.0f} tokens/s -> {res['c2_over_hf']:.1f}x")
+    if cfg.mtp_depth:
+        res["speculative"] = {}
+        for k in [int(x) for x in a.drafts.split(",") if x]:
+            r, tokens = bench_c2(
+                params, cfg, prompts, a.new_tokens, a.repeats, speculative=True, num_draft_tokens=k
+            )
+            r["identical_to_plain"] = bool((tokens == plain).all())
+            r["speedup"] = r["tokens_per_s"] / res["c2"]["tokens_per_s"]
+            res["speculative"][k] = r
+            print(
+                f"speculative, {k} drafts: {r['tokens_per_s']:.0f} tokens/s ({r['speedup']:.2f}x), "
+                f"acceptance {r['acceptance_rate']:.2f}, mean accepted length "
+                f"{r['mean_accepted_length']:.2f}, identical={r['identical_to_plain']}"
+            )
+    res["mismatch"] = {}
+    for dtype in ("float32", "bfloat16"):
+        res["mismatch"][dtype] = m = logprob_mismatch(params, cfg, prompts, a.new_tokens, dtype)
+        print(
+            f"logprob mismatch {dtype}: replayed max {m['replayed']['max_abs']:.2e} "
+            f"p99 {m['replayed']['p99_abs']:.2e}; live max {m['live']['max_abs']:.2e} "
+            f"(routing differs for {m['live']['routing_disagreement']:.2%} of token-layers)"
+        )
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=2, default=str))
+    return res
+
+
+if __name__ == "__main__":
+    main()

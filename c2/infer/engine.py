@@ -1,0 +1,640 @@
+"""The generation engine: continuous batching over fixed slots, multi-turn, in-flight weights.
+
+    engine = Engine(params, cfg, max_slots=8, temperature=1.0, stop_tokens=(eos,))
+    rid = engine.submit(prompt_ids, max_new_tokens=256)
+    while engine.has_work():
+        for completion in engine.step(): ...
+
+Each `step` first applies a pending `update_weights`, then admits queued prompts into free slots
+(a prompt is fed in chunks of static bucket sizes; the compiled decode step never changes shape),
+then runs one compiled decode call over every slot and records what came back. A multi-turn
+request (`submit(..., multi_turn=True)`) keeps its slot and KV cache when a turn stops: append
+tool output as tokens with `extend`, generation resumes from the cache; `release` ends it and
+returns its `Trajectory`. Nothing is ever re-tokenised: the engine only sees token ids.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from c2.infer import steps
+from c2.infer.records import Completion, Trajectory
+from c2.infer.sampling import SamplingParams
+from c2.model.config import ModelConfig
+
+MIN_BUCKET = 16
+
+
+@dataclasses.dataclass
+class _Seq:
+    """Host-side record of one request; `routing` holds one [n, L, k] block per feed."""
+
+    rid: int
+    sampling: SamplingParams
+    stop_tokens: tuple[int, ...]
+    stop_strings: tuple[str, ...]
+    multi_turn: bool
+    max_new: int
+    tokens: list[int]
+    generated: list[bool]
+    logprobs: list[float]
+    versions: list[int]
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fed: int = 0
+    n_gen: int = 0
+    slot: int | None = None
+    status: str = "queued"  # queued, extending, running, flushing, paused, done
+    turn: int = 0
+    prompt_start: int = 0
+    gen_start: int = 0
+    finish: tuple[str, int | str | None] = ("length", None)
+
+
+def _token_array(tokens, vocab_size: int, what: str) -> np.ndarray:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(
+            f"{what}: expected a 1-D sequence of int token ids, got {arr.dtype}{list(arr.shape)}"
+        )
+    if arr.size == 0:
+        raise ValueError(f"{what} is empty: expected at least one token")
+    if arr.min() < 0 or arr.max() >= vocab_size:
+        raise ValueError(
+            f"{what}: token ids must lie in [0, vocab_size={vocab_size}); got min {arr.min()} "
+            f"max {arr.max()}"
+        )
+    return arr.astype(np.int32)
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r}: expected an int >= 1")
+    return int(value)
+
+
+class Engine:
+    """Batched KV-cache generation; see the module doc. Options:
+
+    max_slots: sequences decoded together. max_len: context per sequence (prompt + generated,
+    all turns), at most cfg.max_seq_len. temperature / top_p / top_k / seed: sampling defaults
+    (per request overridable). speculative: MTP drafting of `num_draft_tokens` tokens (default
+    cfg.mtp_depth) verified in one pass. stop_tokens / stop_strings: default stops (stop strings
+    need `detokenize`, ids -> str). prefill_chunk: largest prompt chunk fed at once.
+    steps_per_call: decode steps per compiled call (one host sync each). recompute_kv: rebuild
+    in-flight KV caches with the new weights on `update_weights` (default: keep them).
+    """
+
+    def __init__(
+        self,
+        params,
+        config: ModelConfig,
+        *,
+        max_slots: int = 8,
+        max_len: int | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        speculative: bool = False,
+        num_draft_tokens: int | None = None,
+        seed: int = 0,
+        stop_tokens: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        detokenize: Callable[[Sequence[int]], str] | None = None,
+        prefill_chunk: int = 256,
+        steps_per_call: int = 1,
+        recompute_kv: bool = False,
+        version: int = 0,
+    ):
+        c = config
+        if not isinstance(c, ModelConfig):
+            raise TypeError(f"config: expected a c2.model.ModelConfig, got {type(c).__name__}")
+        self.cfg = c
+        self.sampling = SamplingParams(temperature, top_p, top_k).validate(c.vocab_size)
+        max_slots = _positive_int(max_slots, "max_slots")
+        max_len = c.max_seq_len if max_len is None else _positive_int(max_len, "max_len")
+        if not 2 <= max_len <= c.max_seq_len:
+            raise ValueError(f"max_len={max_len}: expected in [2, cfg.max_seq_len={c.max_seq_len}]")
+        self.max_len = max_len
+        if not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed={seed!r}: expected an int")
+        if speculative:
+            if c.mtp_depth < 1 or "mtp" not in params:
+                raise ValueError(
+                    f"speculative=True needs MTP modules: cfg.mtp_depth={c.mtp_depth} and params "
+                    f"{'have' if 'mtp' in params else 'lack'} an 'mtp' entry"
+                )
+            num_draft = _positive_int(
+                c.mtp_depth if num_draft_tokens is None else num_draft_tokens, "num_draft_tokens"
+            )
+        else:
+            num_draft = 0
+        self.stop_tokens = self._check_stop_tokens(stop_tokens)
+        self.stop_strings = self._check_stop_strings(stop_strings, detokenize)
+        self.detokenize = detokenize
+        prefill_chunk = _positive_int(prefill_chunk, "prefill_chunk")
+        if prefill_chunk < MIN_BUCKET:
+            raise ValueError(f"prefill_chunk={prefill_chunk}: expected >= {MIN_BUCKET}")
+        self._buckets = sorted(
+            {b for b in (MIN_BUCKET << i for i in range(32)) if b < prefill_chunk} | {prefill_chunk}
+        )
+        self.spec = steps.StepSpec(
+            cfg=c,
+            n_slots=max_slots,
+            cache_len=max_len + max(MIN_BUCKET, num_draft + 1),
+            n_stop=max(8, len(self.stop_tokens)),
+            speculative=bool(speculative),
+            num_draft=num_draft,
+            steps_per_call=_positive_int(steps_per_call, "steps_per_call"),
+        )
+        self.recompute_kv = bool(recompute_kv)
+        self.params = params
+        self.version = int(version)
+        self._base_key = jax.random.key(int(seed))
+        self._state = None  # built lazily: nothing is allocated or compiled before a step
+        self._slots: list[_Seq | None] = [None] * max_slots
+        self._phase = np.zeros(max_slots, np.int32)  # host mirror of the device phases
+        self._queue: collections.deque[_Seq] = collections.deque()
+        self._seqs: dict[int, _Seq] = {}
+        self._next_rid = 0
+        self._lock = threading.Lock()
+        self._pending_update = None
+        self._stats = collections.Counter()
+        self._n_layers_moe = c.n_moe_layers
+
+    # Input checks ---------------------------------------------------------------------------
+
+    def _check_stop_tokens(self, stop_tokens) -> tuple[int, ...]:
+        out = tuple(int(t) for t in stop_tokens)
+        for t in out:
+            if not 0 <= t < self.cfg.vocab_size:
+                raise ValueError(
+                    f"stop_tokens: id {t} outside the vocabulary [0, {self.cfg.vocab_size})"
+                )
+        return out
+
+    def _check_stop_strings(self, stop_strings, detokenize) -> tuple[str, ...]:
+        if isinstance(stop_strings, str):
+            raise ValueError(f"stop_strings={stop_strings!r}: expected a sequence of strings")
+        out = tuple(stop_strings)
+        if any(not isinstance(s, str) or not s for s in out):
+            raise ValueError(f"stop_strings={out!r}: expected non-empty strings")
+        if out and detokenize is None and getattr(self, "detokenize", None) is None:
+            raise ValueError(
+                "stop_strings need detokenize (token ids -> str), e.g. tokenizer.decode"
+            )
+        return out
+
+    def _room(self, seq_len: int, max_new_tokens, what: str) -> int:
+        max_new = _positive_int(max_new_tokens, "max_new_tokens")
+        if seq_len >= self.max_len:
+            raise ValueError(
+                f"{what} has {seq_len} tokens but the context holds max_len={self.max_len}: "
+                "no room for a generated token"
+            )
+        return max_new
+
+    # Requests -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        *,
+        multi_turn: bool = False,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        stop_tokens: Sequence[int] | None = None,
+        stop_strings: Sequence[str] | None = None,
+    ) -> int:
+        """Queue a prompt; returns its request id. Options default to the engine's."""
+        prompt = _token_array(prompt, self.cfg.vocab_size, "prompt")
+        max_new = self._room(len(prompt), max_new_tokens, "prompt")
+        d = self.sampling
+        sp = SamplingParams(
+            d.temperature if temperature is None else temperature,
+            d.top_p if top_p is None else top_p,
+            d.top_k if top_k is None else top_k,
+        ).validate(self.cfg.vocab_size)
+        stops = self.stop_tokens if stop_tokens is None else self._check_stop_tokens(stop_tokens)
+        if len(stops) > self.spec.n_stop:
+            raise ValueError(f"stop_tokens: {len(stops)} ids; at most {self.spec.n_stop}")
+        strings = (
+            self.stop_strings
+            if stop_strings is None
+            else self._check_stop_strings(stop_strings, self.detokenize)
+        )
+        rid = self._next_rid
+        self._next_rid += 1
+        n = len(prompt)
+        seq = _Seq(
+            rid=rid,
+            sampling=sp,
+            stop_tokens=stops,
+            stop_strings=strings,
+            multi_turn=bool(multi_turn),
+            max_new=max_new,
+            tokens=prompt.tolist(),
+            generated=[False] * n,
+            logprobs=[0.0] * n,
+            versions=[-1] * n,
+        )
+        self._seqs[rid] = seq
+        self._queue.append(seq)
+        return rid
+
+    def extend(self, request_id: int, tokens: Sequence[int], max_new_tokens: int) -> None:
+        """Append tokens (tool output, the next user message) to a paused multi-turn sequence and
+        generate its next turn from the kept KV cache."""
+        seq = self._get(request_id)
+        if seq.status != "paused":
+            raise ValueError(
+                f"request {request_id} is {seq.status}: extend needs a paused multi-turn sequence"
+            )
+        tokens = _token_array(tokens, self.cfg.vocab_size, "extend tokens")
+        seq.max_new = self._room(len(seq.tokens) + len(tokens), max_new_tokens, "the sequence")
+        seq.prompt_start = len(seq.tokens)
+        seq.tokens += tokens.tolist()
+        seq.generated += [False] * len(tokens)
+        seq.logprobs += [0.0] * len(tokens)
+        seq.versions += [-1] * len(tokens)
+        seq.turn += 1
+        seq.status = "extending"
+
+    def release(self, request_id: int) -> Trajectory:
+        """End a multi-turn sequence: feed its last token (to record its routing), free the slot,
+        return the whole trajectory."""
+        seq = self._get(request_id)
+        if seq.status != "paused":
+            raise ValueError(
+                f"request {request_id} is {seq.status}: release needs a paused multi-turn sequence"
+            )
+        if seq.slot is not None:
+            if seq.fed < len(seq.tokens):
+                self._feed(seq, seq.tokens[seq.fed :])
+            self._set(seq.slot, phase=0)
+            self._slots[seq.slot] = None
+            seq.slot = None
+        seq.status = "done"
+        del self._seqs[request_id]
+        return self.trajectory_of(seq)
+
+    def trajectory(self, request_id: int) -> Trajectory:
+        return self.trajectory_of(self._get(request_id))
+
+    def trajectory_of(self, seq: _Seq) -> Trajectory:
+        return Trajectory(
+            request_id=seq.rid,
+            token_ids=np.asarray(seq.tokens, np.int32),
+            generated=np.asarray(seq.generated, bool),
+            logprobs=np.asarray(seq.logprobs, np.float32),
+            versions=np.asarray(seq.versions, np.int32),
+            routed_experts=self._routing_rows(seq, 0, seq.fed),
+        )
+
+    def _get(self, request_id: int) -> _Seq:
+        if request_id not in self._seqs:
+            raise KeyError(f"unknown or released request id {request_id}")
+        return self._seqs[request_id]
+
+    def update_weights(self, params, version: int) -> None:
+        """New weights for every in-flight sequence from the next decode step on (thread-safe)."""
+        want = jax.tree.structure(self.params)
+        if jax.tree.structure(params) != want:
+            raise ValueError("update_weights: params have a different tree structure")
+        for a, b in zip(jax.tree.leaves(self.params), jax.tree.leaves(params)):
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise ValueError(
+                    f"update_weights: a leaf changed from {a.dtype}{list(a.shape)} to "
+                    f"{b.dtype}{list(b.shape)}"
+                )
+        with self._lock:
+            self._pending_update = (params, int(version))
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or any(
+            s is not None and s.status in ("extending", "running", "flushing") for s in self._slots
+        )
+
+    @property
+    def stats(self) -> dict:
+        """Tokens, steps, and (speculative) acceptance rate and mean accepted length."""
+        s = dict(self._stats)
+        drafted, rows = s.get("drafted", 0), s.get("verify_rows", 0)
+        if rows:
+            s["acceptance_rate"] = s.get("accepted", 0) / drafted
+            s["mean_accepted_length"] = 1 + s.get("accepted", 0) / rows
+        return s
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[Completion]:
+        """Submit every prompt, run to completion, return the completions in prompt order."""
+        rids = [self.submit(p, max_new_tokens) for p in prompts]
+        done: dict[int, Completion] = {}
+        while self.has_work():
+            for comp in self.step():
+                done[comp.request_id] = comp
+        return [done[r] for r in rids]
+
+    # The loop -------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> dict:
+        if self._state is None:
+            self._state = steps.init_state(self.spec)
+        return self._state
+
+    def _set(self, slot: int, **fields) -> None:
+        vals = {
+            k: np.asarray(v, self.state[k].dtype if k != "pos" else np.int32)
+            for k, v in fields.items()
+        }
+        self._state = steps.set_rows(self.state, np.int32(slot), vals)
+        if "phase" in fields:
+            self._phase[slot] = fields["phase"]
+
+    def _feed(self, seq: _Seq, tokens: list[int], record: bool = True):
+        """Feed tokens into the sequence's slot in bucketed chunks; returns (next token, logprob)
+        sampled after the last one. Not recording: a rebuild from position 0."""
+        i, out = 0, None
+        while i < len(tokens):
+            room = self.spec.cache_len - (seq.fed if record else i)
+            fits = [b for b in self._buckets if b <= room]
+            r = len(tokens) - i
+            size = min([b for b in fits if b >= r], default=max(fits))
+            n = min(r, size)
+            chunk = np.zeros(size, np.int32)
+            chunk[:n] = tokens[i : i + n]
+            self._state, tok, lp, routing = steps.feed(
+                self.params,
+                self.state,
+                self._base_key,
+                np.int32(seq.slot),
+                chunk,
+                np.int32(n),
+                spec=self.spec,
+            )
+            if record:
+                seq.routing.append(np.asarray(routing)[:, :n].transpose(1, 0, 2))
+                seq.fed += n
+            i += n
+            out = (tok, lp)
+        return out
+
+    def _apply_update(self) -> None:
+        with self._lock:
+            update, self._pending_update = self._pending_update, None
+        if update is None:
+            return
+        self.params, self.version = update
+        self._stats["weight_updates"] += 1
+        if not self.recompute_kv:
+            return
+        for seq in self._slots:
+            if seq is not None and seq.fed:
+                self._set(seq.slot, pos=0)
+                self._feed(seq, seq.tokens[: seq.fed], record=False)
+
+    def _admit(self, events: list) -> None:
+        for slot in range(len(self._slots)):
+            if self._slots[slot] is None and self._queue:
+                seq = self._queue.popleft()
+                seq.slot, self._slots[slot] = slot, seq
+                sp = seq.sampling
+                stop_ids = np.full(self.spec.n_stop, -1, np.int32)
+                stop_ids[: len(seq.stop_tokens)] = seq.stop_tokens
+                self._set(
+                    slot,
+                    pos=0,
+                    phase=0,
+                    rid=seq.rid,
+                    n_gen=0,
+                    pause=seq.multi_turn,
+                    stop_ids=stop_ids,
+                    temperature=sp.temperature,
+                    top_k=sp.top_k,
+                    top_p=sp.top_p,
+                )
+                seq.status = "extending"
+        for seq in self._slots:
+            if seq is not None and seq.status == "extending":
+                self._start_turn(seq, events)
+
+    def _start_turn(self, seq: _Seq, events: list) -> None:
+        """Feed the unfed tokens, take the sampled first token, arm the row for decoding."""
+        tok, lp = jax.device_get(self._feed(seq, seq.tokens[seq.fed :]))
+        seq.gen_start = len(seq.tokens)
+        budget = min(seq.max_new, self.max_len - len(seq.tokens))
+        self._append(seq, [int(tok)], [float(lp)])
+        self._stats["generated_tokens"] += 1
+        seq.n_gen += 1
+        seq.status = "running"
+        row = dict(tok=int(tok), n_gen=seq.n_gen, budget=budget - 1)
+        hit = self._stop_string(seq, 0)
+        if int(tok) in seq.stop_tokens:
+            self._end_turn(seq, ("stop", int(tok)), events, **row)
+        elif hit is not None:
+            self._end_turn(seq, ("stop", hit[1]), events, **row)
+        elif budget <= 1:
+            self._end_turn(seq, ("length", None), events, **row)
+        else:
+            self._set(seq.slot, phase=1, **row)
+
+    def _append(self, seq: _Seq, tokens, logprobs) -> None:
+        seq.tokens += tokens
+        seq.generated += [True] * len(tokens)
+        seq.logprobs += logprobs
+        seq.versions += [self.version] * len(tokens)
+
+    def _stop_string(self, seq: _Seq, first_new: int):
+        """(index in the turn of the token completing a stop string, the string), checking the
+        turn's tokens from `first_new` on; None if no stop string ends there."""
+        if not seq.stop_strings:
+            return None
+        turn = seq.tokens[seq.gen_start :]
+        longest = max(len(s) for s in seq.stop_strings)
+        for m in range(first_new, len(turn)):
+            # A token decodes to >= 1 character (>= 1/4 for split UTF-8): this window suffices.
+            text = self.detokenize(turn[max(0, m + 1 - 4 * longest - 4) : m + 1])
+            prev = self.detokenize(turn[max(0, m + 1 - 4 * longest - 4) : m])
+            for s in seq.stop_strings:
+                if s in text and s not in prev:
+                    return m, s
+        return None
+
+    def _end_turn(self, seq: _Seq, finish, events: list, **row) -> None:
+        """The row's turn is over (device or host decided): pause, finish, or flush the last
+        token first. `row`: other fields to set on the device row in the same call."""
+        seq.finish = finish
+        if seq.multi_turn:
+            seq.status = "paused"
+            self._set(seq.slot, phase=0, **row)
+            events.append(self._completion(seq))
+        elif seq.fed == len(seq.tokens):
+            self._finish(seq, events, **row)
+        else:
+            seq.status = "flushing"
+            self._set(seq.slot, **dict(row, tok=seq.tokens[-1], phase=2))
+
+    def _finish(self, seq: _Seq, events: list, **row) -> None:
+        self._set(seq.slot, phase=0, **row)
+        self._slots[seq.slot] = None
+        seq.slot = None
+        seq.status = "done"
+        events.append(self._completion(seq))
+        del self._seqs[seq.rid]
+
+    def _routing_rows(self, seq: _Seq, start: int, stop: int) -> np.ndarray:
+        rows = (
+            np.concatenate(seq.routing)
+            if seq.routing
+            else np.zeros(
+                (0, self._n_layers_moe, self.cfg.n_experts_per_token), steps.routing_dtype(self.cfg)
+            )
+        )
+        seq.routing = [rows]
+        return rows[start:stop]
+
+    def _completion(self, seq: _Seq) -> Completion:
+        g, p = seq.gen_start, seq.prompt_start
+        return Completion(
+            request_id=seq.rid,
+            turn=seq.turn,
+            prompt=np.asarray(seq.tokens[p:g], np.int32),
+            tokens=np.asarray(seq.tokens[g:], np.int32),
+            logprobs=np.asarray(seq.logprobs[g:], np.float32),
+            versions=np.asarray(seq.versions[g:], np.int32),
+            routed_experts=self._routing_rows(seq, g, seq.fed),
+            prompt_routed_experts=self._routing_rows(seq, p, g),
+            finish_reason=seq.finish[0],
+            stop=seq.finish[1],
+        )
+
+    def step(self) -> list[Completion]:
+        """Apply a pending weight update, admit prompts, run one decode call; returns the turns
+        that finished."""
+        events: list[Completion] = []
+        self._apply_update()
+        self._admit(events)
+        if not (self._phase > 0).any():
+            return events
+        version = self.version
+        self._state, out = steps.decode(self.params, self.state, self._base_key, spec=self.spec)
+        out = jax.device_get(out)
+        self._stats["decode_calls"] += 1
+        self._absorb(out, version, events)
+        return events
+
+    def _absorb(self, out: dict, version: int, events: list) -> None:
+        n_steps = out["phase"].shape[0]
+        K = self.spec.num_draft
+        done_in_call: set[int] = set()
+        for i in range(n_steps):
+            self._stats["decode_steps"] += 1
+            for slot, seq in enumerate(self._slots):
+                if seq is None:
+                    continue
+                n_emit, n_fed = int(out["n_emit"][i, slot]), int(out["n_fed"][i, slot])
+                seq.n_gen += n_emit
+                if seq.rid in done_in_call or seq.status not in ("running", "flushing"):
+                    continue
+                if n_fed:
+                    seq.routing.append(out["routing"][i][:, slot, :n_fed].transpose(1, 0, 2))
+                    seq.fed += n_fed
+                phase = int(out["phase"][i, slot])
+                self._phase[slot] = phase
+                if seq.status == "flushing":
+                    if phase == 0:
+                        self._finish(seq, events)
+                        done_in_call.add(seq.rid)
+                    continue
+                if n_emit:
+                    first_new = len(seq.tokens) - seq.gen_start
+                    seq.tokens += out["tokens"][i, slot, :n_emit].tolist()
+                    seq.generated += [True] * n_emit
+                    seq.logprobs += out["logprobs"][i, slot, :n_emit].tolist()
+                    seq.versions += [version] * n_emit
+                    self._stats["generated_tokens"] += n_emit
+                    if K:
+                        self._stats["verify_rows"] += 1
+                        self._stats["drafted"] += K
+                        self._stats["accepted"] += int(out["accepted"][i, slot])
+                    hit = self._stop_string(seq, first_new)
+                    if hit is not None:
+                        self._truncate(seq, seq.gen_start + hit[0] + 1)
+                        self._end_turn(seq, ("stop", hit[1]), events)
+                        done_in_call.add(seq.rid)
+                        continue
+                if phase != 1:  # the device stopped the turn: stop token or budget
+                    last = seq.tokens[-1]
+                    finish = ("stop", last) if last in seq.stop_tokens else ("length", None)
+                    seq.finish = finish
+                    if seq.multi_turn:
+                        seq.status = "paused"
+                        events.append(self._completion(seq))
+                    elif phase == 0:
+                        self._finish(seq, events)
+                    else:
+                        seq.status = "flushing"
+                    done_in_call.add(seq.rid)
+
+    def _truncate(self, seq: _Seq, length: int) -> None:
+        """Drop everything after `length` tokens (a stop string ended there); roll the row back."""
+        self._stats["generated_tokens"] -= len(seq.tokens) - length
+        del seq.tokens[length:], seq.generated[length:], seq.logprobs[length:]
+        del seq.versions[length:]
+        if seq.fed > length:
+            rows = self._routing_rows(seq, 0, length)
+            seq.routing, seq.fed = [rows], length
+        self._set(seq.slot, pos=seq.fed)
+        if self.spec.speculative and seq.multi_turn:
+            # The device ran ahead: rebuild the row so the MTP state (the last hidden state and
+            # the module's cache) belongs to the kept tokens; the next turn drafts from it.
+            self._set(seq.slot, pos=0)
+            self._feed(seq, seq.tokens[: seq.fed], record=False)
+
+
+def generate(
+    params,
+    config: ModelConfig,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    speculative: bool = False,
+    seed: int = 0,
+    **engine_options,
+) -> list[Completion]:
+    """One `Completion` per prompt (in order). Inputs are checked before anything compiles;
+    `engine_options` go to `Engine` (max_slots, max_len, stop_tokens, ...). max_len defaults to
+    the longest prompt plus max_new_tokens (within cfg.max_seq_len)."""
+    if isinstance(prompts, (str, bytes)) or not len(prompts):
+        raise ValueError("prompts: expected a non-empty list of token-id sequences")
+    arrays = [_token_array(p, config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)]
+    max_new = _positive_int(max_new_tokens, "max_new_tokens")
+    longest = max(len(a) for a in arrays)
+    if longest >= config.max_seq_len:
+        raise ValueError(
+            f"prompts[{int(np.argmax([len(a) for a in arrays]))}] has {longest} tokens but the "
+            f"context holds cfg.max_seq_len={config.max_seq_len}: no room for a generated token"
+        )
+    engine_options.setdefault("max_len", min(config.max_seq_len, longest + max_new))
+    engine_options.setdefault("max_slots", min(len(arrays), 8))
+    engine = Engine(
+        params,
+        config,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        speculative=speculative,
+        seed=seed,
+        **engine_options,
+    )
+    return engine.generate(arrays, max_new)

@@ -1,0 +1,317 @@
+"""The engine's compiled functions: feed a chunk into one slot, and a batched decode step (plain,
+or MTP speculative) over every slot at once. Shapes are static; slots are rows of one state.
+
+State (a dict of [B] arrays, B = slots, plus the caches):
+  cache      the model's KV cache; cache["pos"] [B] counts each row's fed tokens.
+  tok        the row's pending token: sampled, not yet fed.
+  phase      0 idle (free, or paused awaiting more tokens), 1 generating, 2 flush (feed the
+             final token once, to record its routing, then go idle).
+  rid, n_gen request id and tokens generated so far: the row's RNG key is
+             fold_in(fold_in(key(seed), rid), n_gen), so a request's samples do not depend on
+             which slot it runs in or what runs beside it.
+  budget     tokens the row may still generate this turn.
+  pause      on stop, go idle keeping the sequence (multi-turn) instead of flushing.
+  stop_ids   [B, n_stop] stop-token ids, -1 padded.
+  temperature, top_k, top_p  the row's sampling settings.
+  h_last, mtp_cache  (speculative only) the main model's last hidden state and the KV cache of
+             the MTP module. MTP cache slot j-1 holds token j's entry: the module's input at
+             training position t = j-1 is (h_{j-1}, embed(x_j)); token 0 has none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from c2.infer import sampling
+from c2.model.attention import init_layer_cache
+from c2.model.config import ModelConfig
+from c2.model.layers import rms_norm
+from c2.model.transformer import forward, lm_head, mtp_module
+
+GROUPS = ("dense", "moe")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Everything static about the compiled steps (hashable: a jit static argument)."""
+
+    cfg: ModelConfig
+    n_slots: int
+    cache_len: int
+    n_stop: int
+    speculative: bool
+    num_draft: int
+    steps_per_call: int
+
+
+def routing_dtype(cfg: ModelConfig):
+    """Packed expert ids: uint8 up to 256 experts, else uint16."""
+    return jnp.uint8 if cfg.n_experts <= 256 else jnp.uint16
+
+
+def init_state(spec: StepSpec) -> dict:
+    c, B = spec.cfg, spec.n_slots
+    from c2.model.transformer import init_cache
+
+    state = {
+        "cache": init_cache(c, B, spec.cache_len),
+        "tok": jnp.zeros((B,), jnp.int32),
+        "phase": jnp.zeros((B,), jnp.int32),
+        "rid": jnp.zeros((B,), jnp.int32),
+        "n_gen": jnp.zeros((B,), jnp.int32),
+        "budget": jnp.zeros((B,), jnp.int32),
+        "pause": jnp.zeros((B,), bool),
+        "stop_ids": jnp.full((B, spec.n_stop), -1, jnp.int32),
+        "temperature": jnp.zeros((B,), jnp.float32),
+        "top_k": jnp.zeros((B,), jnp.int32),
+        "top_p": jnp.ones((B,), jnp.float32),
+    }
+    if spec.speculative:
+        layer = init_layer_cache(c, 1, B, spec.cache_len, jnp.dtype(c.dtype))
+        state["mtp_cache"] = jax.tree.map(lambda a: a[0], layer)
+        state["h_last"] = jnp.zeros((B, c.d_model), jnp.dtype(c.dtype))
+    return state
+
+
+def _row_keys(base_key, rid_B, n_gen_B):
+    return jax.vmap(lambda r, n: jax.random.fold_in(jax.random.fold_in(base_key, r), n))(
+        rid_B, n_gen_B
+    )
+
+
+def _pack(topk_idx, cfg: ModelConfig):
+    return topk_idx.astype(routing_dtype(cfg))
+
+
+def _routing(aux, cfg: ModelConfig, B: int, T: int):
+    """[L_moe, B, T, k] packed; empty in the layer axis for a dense-only model."""
+    if "topk_idx" in aux:
+        return _pack(aux["topk_idx"], cfg)
+    return jnp.zeros((0, B, T, cfg.n_experts_per_token), routing_dtype(cfg))
+
+
+@functools.partial(jax.jit, donate_argnames=("state",))
+def set_rows(state: dict, slot, fields: dict) -> dict:
+    """state[name][slot] = value for each field ("pos" is the cache's)."""
+    state = dict(state)
+    for name, value in fields.items():
+        if name == "pos":
+            state["cache"] = dict(state["cache"], pos=state["cache"]["pos"].at[slot].set(value))
+        else:
+            state[name] = state[name].at[slot].set(value)
+    return state
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
+    """Run tokens_C [C] (the first `length` real, the rest padding) into row `slot` at its
+    position. Returns (state, next token sampled from the last real position, its logprob,
+    routing [L_moe, C, k] packed)."""
+    c = spec.cfg
+    C = tokens_C.shape[0]
+    cache = state["cache"]
+    s = cache["pos"][slot]
+    groups = [g for g in GROUPS if g in cache]
+
+    def take_row(a):
+        return jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=1)
+
+    def put_row(a, r):
+        return jax.lax.dynamic_update_slice_in_dim(a, r, slot, axis=1)
+
+    row = {"pos": s[None], **{g: jax.tree.map(take_row, cache[g]) for g in groups}}
+    logits, aux = forward(params, tokens_C[None], c, cache=row, return_hidden=True)
+    new_row = aux["cache"]
+    state = dict(state)
+    state["cache"] = {
+        "pos": cache["pos"].at[slot].add(length),
+        **{g: jax.tree.map(put_row, cache[g], new_row[g]) for g in groups},
+    }
+    last = length - 1
+    sl = lambda name: state[name][slot][None]  # noqa: E731
+    logp = sampling.sampling_logprobs(
+        logits[0, last][None], sl("temperature"), sl("top_k"), sl("top_p")
+    )
+    key = _row_keys(base_key, sl("rid"), sl("n_gen"))
+    token = sampling.sample(key, logp, sl("temperature"))
+    if spec.speculative:
+        hidden = aux["hidden"][0]
+        first = s == 0  # token 0 has no MTP entry: shift the chunk by one
+        pad_h = jnp.zeros((1, c.d_model), hidden.dtype)
+        h_in = jnp.where(
+            first,
+            jnp.concatenate([hidden[: C - 1], pad_h]),
+            jnp.concatenate([state["h_last"][slot][None], hidden[: C - 1]]),
+        )
+        tok_in = jnp.where(first, jnp.concatenate([tokens_C[1:], tokens_C[:1] * 0]), tokens_C)
+        start = jnp.maximum(s - 1, 0)
+        mtp_row = {"pos": start[None], **jax.tree.map(lambda a: a[slot][None], state["mtp_cache"])}
+        _, mtp_row = mtp_module(
+            params,
+            0,
+            h_in[None],
+            tok_in[None],
+            c,
+            positions=(start + jnp.arange(C))[None],
+            cache=mtp_row,
+        )
+        mtp_row.pop("pos")
+        state["mtp_cache"] = jax.tree.map(
+            lambda a, r: a.at[slot].set(r[0]), state["mtp_cache"], mtp_row
+        )
+        state["h_last"] = state["h_last"].at[slot].set(hidden[last])
+    return state, token[0], sampling.take(logp, token)[0], _routing(aux, c, 1, C)[:, 0]
+
+
+def _plain_step(params, state: dict, base_key, spec: StepSpec):
+    """Feed every row's pending token, sample the next. Outputs use the speculative layout with
+    K = 0: tokens/logprobs [B, 1], n_emit, n_fed, accepted [B], routing [L, B, 1, k]."""
+    c = spec.cfg
+    phase, tok = state["phase"], state["tok"]
+    gen, fed = phase == 1, phase > 0
+    logits, aux = forward(params, tok[:, None], c, cache=state["cache"])
+    cache = aux["cache"]
+    cache["pos"] = state["cache"]["pos"] + fed
+    logp = sampling.sampling_logprobs(
+        logits[:, 0], state["temperature"], state["top_k"], state["top_p"]
+    )
+    new = sampling.sample(
+        _row_keys(base_key, state["rid"], state["n_gen"]), logp, state["temperature"]
+    )
+    is_stop = (new[:, None] == state["stop_ids"]).any(-1)
+    budget = state["budget"] - gen
+    stopped = gen & (is_stop | (budget <= 0))
+    phase_next = jnp.where(
+        phase == 2, 0, jnp.where(stopped, jnp.where(state["pause"], 0, 2), phase)
+    )
+    state = dict(
+        state,
+        cache=cache,
+        tok=jnp.where(gen, new, tok),
+        phase=phase_next,
+        n_gen=state["n_gen"] + gen,
+        budget=budget,
+    )
+    out = {
+        "tokens": new[:, None],
+        "logprobs": sampling.take(logp, new)[:, None],
+        "n_emit": gen.astype(jnp.int32),
+        "n_fed": fed.astype(jnp.int32),
+        "accepted": jnp.zeros_like(tok),
+        "routing": _routing(aux, c, tok.shape[0], 1),
+        "phase": phase_next,
+    }
+    return state, out
+
+
+def _draft_logits(params, g, c: ModelConfig):
+    return lm_head(params, rms_norm(g, params["mtp"]["norm"][0], c.rms_norm_eps), c)[:, 0]
+
+
+def _spec_step(params, state: dict, base_key, spec: StepSpec):
+    """Draft K tokens with MTP module 0 (chained on its own hidden state, as EAGLE and SGLang's
+    NextN do), verify them with the main model in one forward pass over K+1 tokens, keep the
+    accepted prefix plus one corrected/bonus token, then rewrite the MTP cache entries of the
+    kept drafts from the verified hidden states."""
+    c, K, B = spec.cfg, spec.num_draft, spec.n_slots
+    phase, tok = state["phase"], state["tok"]
+    temp, top_k, top_p = state["temperature"], state["top_k"], state["top_p"]
+    gen, flush = phase == 1, phase == 2
+    n_B = state["cache"]["pos"]
+    keys = jax.vmap(lambda k: jax.random.split(k, K + 1))(
+        _row_keys(base_key, state["rid"], state["n_gen"])
+    )
+
+    mtp = dict(state["mtp_cache"], pos=jnp.maximum(n_B - 1, 0))
+    h, t = state["h_last"][:, None], tok[:, None]
+    drafts, draft_logps = [], []
+    for j in range(K):
+        g, mtp = mtp_module(params, 0, h, t, c, positions=(n_B - 1 + j)[:, None], cache=mtp)
+        mtp["pos"] = mtp["pos"] + 1
+        lp = sampling.sampling_logprobs(_draft_logits(params, g, c), temp, top_k, top_p)
+        d = sampling.sample(keys[:, j], lp, temp)
+        drafts.append(d)
+        draft_logps.append(lp)
+        h, t = g, d[:, None]
+    drafts_BK = jnp.stack(drafts, 1)
+
+    verify_BT = jnp.concatenate([tok[:, None], drafts_BK], 1)
+    logits, aux = forward(params, verify_BT, c, cache=state["cache"], return_hidden=True)
+    V = logits.shape[-1]
+    rep = lambda x: jnp.repeat(x, K + 1)  # noqa: E731
+    target_BKV = sampling.sampling_logprobs(
+        logits.reshape(B * (K + 1), V), rep(temp), rep(top_k), rep(top_p)
+    ).reshape(B, K + 1, V)
+    accepted, bonus = sampling.speculative_accept(
+        keys[:, K], target_BKV, jnp.stack(draft_logps, 1), drafts_BK, temp
+    )
+
+    idx = jnp.arange(K + 1)[None]
+    cand_BT = jnp.where(
+        idx < accepted[:, None], jnp.pad(drafts_BK, ((0, 0), (0, 1))), bonus[:, None]
+    )
+    n_cand = accepted + 1
+    is_stop = (cand_BT[..., None] == state["stop_ids"][:, None]).any(-1) & (idx < n_cand[:, None])
+    first_stop = jnp.where(is_stop.any(1), jnp.argmax(is_stop, 1) + 1, K + 2)
+    n_emit = jnp.where(gen, jnp.minimum(jnp.minimum(n_cand, state["budget"]), first_stop), 0)
+    budget = state["budget"] - n_emit
+    stopped = gen & ((first_stop <= n_emit) | (budget <= 0))
+    last_fed = n_emit <= accepted  # the last emitted token is a verified draft
+    n_fed = jnp.where(gen, 1 + jnp.minimum(accepted, n_emit), flush.astype(jnp.int32))
+    hidden = aux["hidden"]
+    h_last = jnp.where(
+        (n_fed > 0)[:, None], hidden[jnp.arange(B), jnp.maximum(n_fed - 1, 0)], state["h_last"]
+    )
+    phase_next = jnp.where(
+        flush, 0, jnp.where(stopped, jnp.where(state["pause"] | last_fed, 0, 2), phase)
+    )
+
+    mtp["pos"] = n_B  # entries of the drafts d_1..d_K from the verified hidden states
+    _, mtp = mtp_module(
+        params,
+        0,
+        hidden[:, :K],
+        drafts_BK,
+        c,
+        positions=n_B[:, None] + jnp.arange(K)[None],
+        cache=mtp,
+    )
+    mtp.pop("pos")
+    cache = aux["cache"]
+    cache["pos"] = n_B + n_fed
+    state = dict(
+        state,
+        cache=cache,
+        mtp_cache=mtp,
+        h_last=h_last,
+        tok=jnp.where(gen, bonus, tok),
+        phase=phase_next,
+        n_gen=state["n_gen"] + n_emit,
+        budget=budget,
+    )
+    out = {
+        "tokens": cand_BT,
+        "logprobs": jnp.take_along_axis(target_BKV, cand_BT[..., None], -1)[..., 0],
+        "n_emit": n_emit,
+        "n_fed": n_fed,
+        "accepted": jnp.where(gen, accepted, 0),
+        "routing": _routing(aux, c, B, K + 1),
+        "phase": phase_next,
+    }
+    return state, out
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def decode(params, state: dict, base_key, spec: StepSpec):
+    """`spec.steps_per_call` batched steps; outputs stacked on a leading step axis. Unrolled, not
+    a lax.scan: XLA:CPU cannot run bf16 x bf16 -> f32 dots inside a loop body."""
+    step = _spec_step if spec.speculative else _plain_step
+    outs = []
+    for _ in range(spec.steps_per_call):
+        state, out = step(params, state, base_key, spec)
+        outs.append(out)
+    return state, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)

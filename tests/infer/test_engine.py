@@ -1,0 +1,267 @@
+"""The engine against the model's full forward: greedy, logprobs with router replay, stops,
+continuous batching, multi-turn, in-flight weight updates, bad input."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import ENGINE, MAX_LEN, log_softmax
+
+from c2.infer import Engine, generate, steps
+
+PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7], list(range(16)), list(range(3, 20)), list(range(30, 60))]
+
+
+def _decode_compiles():
+    return steps.decode._cache_size()
+
+
+@pytest.mark.parametrize("family", ["kimi", "qwen"])
+def test_greedy_equals_repeated_argmax(family, request):
+    """Five prompts through three slots (finished sequences hand their slot on): each output
+    is the argmax of the full forward on the growing prefix, with its logprob; the decode step
+    compiles once."""
+    m = request.getfixturevalue(family)
+    before = _decode_compiles()
+    out = generate(m.params, m.cfg, PROMPTS, 10, **ENGINE)
+    assert _decode_compiles() - before <= 1
+    for prompt, comp in zip(PROMPTS, out):
+        want = m.greedy(prompt, 10)
+        assert comp.tokens.tolist() == want
+        logits = m.logits(prompt + want)
+        lp = log_softmax(logits[len(prompt) - 1 : -1])
+        np.testing.assert_allclose(comp.logprobs, lp[np.arange(10), want], atol=2e-5)
+        assert comp.finish_reason == "length" and comp.versions.tolist() == [0] * 10
+        assert comp.routed_experts.dtype == np.uint8  # 16 experts
+        assert comp.routed_experts.shape == (10, m.cfg.n_moe_layers, m.cfg.n_experts_per_token)
+        assert comp.prompt_routed_experts.shape[0] == len(prompt)
+
+
+@pytest.mark.parametrize("num_draft", [1, 2])
+def test_speculative_greedy_equals_plain_greedy(kimi, num_draft):
+    plain = generate(kimi.params, kimi.cfg, PROMPTS, 12, **ENGINE)
+    engine = Engine(kimi.params, kimi.cfg, speculative=True, num_draft_tokens=num_draft, **ENGINE)
+    spec = engine.generate(PROMPTS, 12)
+    for a, b in zip(plain, spec):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+        np.testing.assert_array_equal(a.routed_experts, b.routed_experts)
+        np.testing.assert_array_equal(a.prompt_routed_experts, b.prompt_routed_experts)
+    s = engine.stats
+    assert s["generated_tokens"] == 12 * len(PROMPTS)
+    assert s["drafted"] == num_draft * s["verify_rows"]
+    assert 0 <= s["acceptance_rate"] <= 1
+    assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["verify_rows"])
+    # Tokens per verification: the first token of each prompt comes from the prefill.
+    assert s["verify_rows"] * s["mean_accepted_length"] >= 11 * len(PROMPTS)
+
+
+def _replayed_logprobs(m, comp, temperature):
+    seq = np.concatenate([comp.prompt, comp.tokens])
+    routing = np.concatenate([comp.prompt_routed_experts, comp.routed_experts])
+    assert len(routing) == len(seq)  # the last token was flushed through the model too
+    replay = routing.astype(np.int32).transpose(1, 0, 2)
+    logits = m.logits(seq.tolist(), routing=replay)
+    lp = log_softmax(logits[len(comp.prompt) - 1 : -1], temperature)
+    return lp[np.arange(len(comp.tokens)), comp.tokens], routing
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_recorded_logprobs_equal_training_forward_with_router_replay(kimi, speculative):
+    """Sampled at temperature 0.8: the recorded behaviour logprobs equal the full forward's
+    log_softmax(logits / 0.8) of the same tokens with the recorded experts replayed, and the
+    recorded experts are the ones the full forward picks itself."""
+    out = generate(
+        kimi.params,
+        kimi.cfg,
+        PROMPTS[:3],
+        14,
+        temperature=0.8,
+        speculative=speculative,
+        seed=3,
+        **ENGINE,
+    )
+    for comp in out:
+        want, routing = _replayed_logprobs(kimi, comp, 0.8)
+        np.testing.assert_allclose(comp.logprobs, want, atol=5e-5)
+        live = kimi.live_routing(np.concatenate([comp.prompt, comp.tokens]).tolist())
+        assert np.mean(np.sort(live, -1) == np.sort(routing, -1)) > 0.99
+
+
+def test_sampling_is_seeded(kimi):
+    run = lambda seed: [  # noqa: E731
+        c.tokens.tolist()
+        for c in generate(kimi.params, kimi.cfg, PROMPTS, 8, temperature=1.0, seed=seed, **ENGINE)
+    ]
+    first = run(0)
+    assert run(0) == first
+    assert run(1) != first
+
+
+def _detok(ids):
+    return "".join(chr(0x100 + int(i)) for i in ids)  # one distinct character per id
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_stops_on_stop_token_stop_string_and_budget(kimi, speculative):
+    prompt = PROMPTS[1]
+    ref = kimi.greedy(prompt, 12)
+    opts = dict(ENGINE, speculative=speculative, num_draft_tokens=2 if speculative else None)
+    stop_tok = ref[5]
+    engine = Engine(kimi.params, kimi.cfg, detokenize=_detok, **opts)
+    by_token = engine.submit(prompt, 12, stop_tokens=[stop_tok])
+    by_string = engine.submit(prompt, 12, stop_strings=[_detok(ref[3:5])])
+    by_budget = engine.submit(prompt, 4)
+    done = {}
+    while engine.has_work():
+        done.update({c.request_id: c for c in engine.step()})
+    k = ref.index(stop_tok)
+    c = done[by_token]
+    assert c.tokens.tolist() == ref[: k + 1] and (c.finish_reason, c.stop) == ("stop", stop_tok)
+    k = next(m for m in range(12) if _detok(ref[3:5]) in _detok(ref[: m + 1]))
+    c = done[by_string]
+    assert c.tokens.tolist() == ref[: k + 1] and c.stop == _detok(ref[3:5])
+    c = done[by_budget]
+    assert c.tokens.tolist() == ref[:4] and c.finish_reason == "length"
+    for c in done.values():  # every generated token was fed back: its experts are recorded
+        assert len(c.routed_experts) == len(c.tokens)
+        want, _ = _replayed_logprobs(kimi, c, 1.0)
+        np.testing.assert_allclose(c.logprobs, want, atol=2e-5)
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_multi_turn_appends_tool_tokens_to_the_kv_cache(kimi, speculative):
+    """Turn 1 stops on a stop token, tool output is appended as tokens, turn 2 continues from
+    the kept cache: it equals greedy decoding of the whole stream, and the released trajectory
+    replays to the recorded logprobs."""
+    prompt = PROMPTS[2]
+    ref = kimi.greedy(prompt, 12)
+    stop = ref[3]
+    engine = Engine(kimi.params, kimi.cfg, speculative=speculative, **ENGINE)
+    rid = engine.submit(prompt, 12, multi_turn=True, stop_tokens=[stop])
+    turns = []
+    while engine.has_work():
+        turns += engine.step()
+    assert len(turns) == 1 and turns[0].tokens.tolist() == ref[: ref.index(stop) + 1]
+    tool = [7, 8, 9, 10, 11]
+    engine.extend(rid, tool, max_new_tokens=6)
+    while engine.has_work():
+        turns += engine.step()
+    assert len(turns) == 2
+    stream = prompt + turns[0].tokens.tolist() + tool
+    assert turns[1].turn == 1 and turns[1].prompt.tolist() == tool
+    assert turns[1].tokens.tolist() == kimi.greedy(stream, 6, stop=stop)
+    traj = engine.release(rid)
+    full = stream + turns[1].tokens.tolist()
+    assert traj.token_ids.tolist() == full
+    gen = np.zeros(len(full), bool)
+    gen[len(prompt) : len(prompt) + len(turns[0].tokens)] = True
+    gen[len(stream) :] = True
+    np.testing.assert_array_equal(traj.generated, gen)
+    np.testing.assert_array_equal(traj.versions, np.where(gen, 0, -1))
+    replay = traj.replay_routing()
+    assert replay.shape == (kimi.cfg.n_moe_layers, 1, len(full), kimi.cfg.n_experts_per_token)
+    lp = log_softmax(kimi.logits(full, routing=replay[:, 0]))
+    want = lp[np.arange(len(full) - 1), traj.token_ids[1:]]
+    np.testing.assert_allclose(traj.logprobs[1:][gen[1:]], want[gen[1:]], atol=2e-5)
+    with pytest.raises(KeyError, match="released"):
+        engine.trajectory(rid)
+
+
+def _scaled(params, factor):  # other weights of the same shapes
+    return jax.tree.map(lambda a: a * factor, params)
+
+
+@pytest.mark.parametrize("recompute,speculative", [(False, False), (True, False), (True, True)])
+def test_update_weights_mid_flight(kimi, recompute, speculative):
+    """Three tokens under version 0, then new weights: the rest carry version 1. Recompute:
+    they equal greedy decoding of the whole prefix under the new weights. Keep (default): they
+    equal decoding with the new weights on top of the old KV cache (model.decode_step)."""
+    from c2 import model
+
+    new = _scaled(kimi.params, 1.5)
+    prompt = PROMPTS[1]
+    engine = Engine(
+        kimi.params, kimi.cfg, recompute_kv=recompute, speculative=speculative, **ENGINE
+    )
+    rid = engine.submit(prompt, 10)
+    engine.step()  # prefill (first token) and one decode step: two tokens under version 0
+    engine.update_weights(new, version=1)
+    out = []
+    while engine.has_work():
+        out += engine.step()
+    (comp,) = out
+    n_old = 2 if not speculative else int((comp.versions == 0).sum())
+    assert comp.versions.tolist() == [0] * n_old + [1] * (10 - n_old)
+    old = comp.tokens[:n_old].tolist()
+    assert old == kimi.greedy(prompt, n_old)
+    if recompute:
+        assert comp.tokens[n_old:].tolist() == kimi.greedy(prompt + old, 10 - n_old, params=new)
+    else:
+        cfg = kimi.cfg
+        cache = model.init_cache(cfg, 1, MAX_LEN + 16)
+        logits, _, cache = model.prefill(
+            kimi.params,
+            np.asarray([prompt + old[:-1]]),
+            cache,
+            np.asarray([len(prompt) + n_old - 1]),
+            cfg=cfg,
+        )
+        toks, last = [], old[-1]
+        for _ in range(10 - n_old):
+            logits, _, cache = model.decode_step(new, np.asarray([[last]]), cache, cfg=cfg)
+            last = int(np.argmax(logits[0, 0]))
+            toks.append(last)
+        assert comp.tokens[n_old:].tolist() == toks
+    assert engine.stats["weight_updates"] == 1
+    del rid
+
+
+def test_update_weights_rejects_other_shapes(kimi):
+    engine = Engine(kimi.params, kimi.cfg, **ENGINE)
+    bad = dict(kimi.params, embed=kimi.params["embed"][:10])
+    with pytest.raises(ValueError, match="update_weights: a leaf changed"):
+        engine.update_weights(bad, version=1)
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("compiled/ran a step for bad input")
+
+    for name in ("feed", "decode", "init_state", "set_rows"):
+        monkeypatch.setattr(steps, name, fail)
+
+
+@pytest.mark.parametrize(
+    "prompts,kwargs,match",
+    [
+        ([list(range(64))], {}, r"prompts\[0\] has 64 tokens but the context holds"),
+        ([list(range(20))], dict(max_len=20), "prompt has 20 tokens but the context holds"),
+        ([[1], []], {}, r"prompts\[1\] is empty"),
+        ([], {}, "prompts: expected a non-empty list"),
+        ([[1, 64]], {}, r"token ids must lie in \[0, vocab_size=64\)"),
+        ([[1]], dict(temperature=-1.0), "temperature=-1.0"),
+        ([[1]], dict(top_p=0.0), "top_p=0.0"),
+        ([[1]], dict(top_k=65), "top_k=65"),
+        ([[1]], dict(max_slots=0), "max_slots=0"),
+        ([[1]], dict(stop_strings=["x"]), "stop_strings need detokenize"),
+        ([[1]], dict(stop_tokens=[99]), "stop_tokens: id 99 outside"),
+    ],
+)
+def test_bad_input_fails_before_compiling(kimi, no_compile, prompts, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        generate(kimi.params, kimi.cfg, prompts, 4, **kwargs)
+
+
+def test_bad_budget_and_speculative_without_mtp(kimi, qwen, no_compile):
+    with pytest.raises(ValueError, match="max_new_tokens=0: expected an int >= 1"):
+        generate(kimi.params, kimi.cfg, [[1]], 0)
+    with pytest.raises(ValueError, match="speculative=True needs MTP modules"):
+        generate(qwen.params, qwen.cfg, [[1]], 4, speculative=True)
+
+
+def test_routing_dtype_follows_expert_count(kimi):
+    import jax.numpy as jnp
+
+    assert steps.routing_dtype(kimi.cfg.replace(n_experts=256)) == jnp.uint8
+    assert steps.routing_dtype(kimi.cfg.replace(n_experts=384)) == jnp.uint16
