@@ -43,10 +43,13 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     absl_logging.set_verbosity(absl_logging.WARNING)  # libraries (orbax) stay quiet
     std_logging.getLogger("c2").setLevel(std_logging.INFO)  # c2 reports its progress
-    if _DISTRIBUTED.value:
-        import jax
+    import jax
 
+    if _DISTRIBUTED.value:
         jax.distributed.initialize()
+    if not jax.config.jax_compilation_cache_dir:  # unless JAX_COMPILATION_CACHE_DIR says where
+        # a restarted or resumed run (and every later stage) reuses compiled programs
+        jax.config.update("jax_compilation_cache_dir", f"{_WORKDIR.value}/jax_cache")
     run(_CONFIG.value, _WORKDIR.value)
 
 

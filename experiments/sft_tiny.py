@@ -5,8 +5,9 @@ docstring (prompt) — the body is the response. The model keeps the stage-2 YaR
 
 Command (after experiments/long_context_tiny.py has run into runs/long_context_tiny):
     python -m c2.main --config=experiments/sft_tiny.py --workdir=runs/sft_tiny
-Runtime: about 1.5 minutes on the 2-core reference machine (60 steps of 4 x 512 tokens).
-Expected: held-out response bits per byte falls below the stage-2 model's value.
+Runtime: about 2.5 minutes on the 2-core reference machine (60 steps of 4 x 512 tokens, ~1.8 s
+each measured while other jobs shared the cores; extracting the functions takes ~10 s).
+Expected: held-out response bits per byte falls from ~2.9 (the stage-2 model) to ~2.76.
 """
 
 from c2.train.config import stage_defaults
