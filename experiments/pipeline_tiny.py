@@ -11,14 +11,14 @@ Command:
     python -m c2.main --config=experiments/pipeline_tiny.py --workdir=runs/main
 Runtime: 13 minutes measured on the 2-core reference machine while five other jobs shared its
 cores (stage 1 7.4, extension 2.3, SFT 2.6, evaluation 0.8); less when it runs alone.
-Expected (measured): held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens
+Expected: (measured) held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens
 4.2 before the extension -> 3.2 after it (3.7 with YaRN but no extension training); SFT response
 bits per byte 2.9 -> 2.8; MTP acceptance ~0.7.
 
 `config.train.steps` sets stage 1's steps; the extension gets 1/12 and SFT 1/5 of them;
 `config.train.checkpoint_every` applies to every stage; `config.init_from` is stage 1's start
 ("" fresh, a workdir, or "hf:DIR"). The arg `quick` (`--config=experiments/pipeline_tiny.py:quick`)
-is a one-minute smoke run of the same job with a smaller model and a few steps per stage.
+is a two-minute smoke run of the same job with a smaller model and a few steps per stage.
 """
 
 from pathlib import Path
