@@ -1,4 +1,4 @@
-"""Every notebook in notebooks/ runs top to bottom without error (they import c2, never re-implement it)."""
+"""Every notebook in notebooks/ runs top to bottom (they import c2, never re-implement it)."""
 
 import pathlib
 
