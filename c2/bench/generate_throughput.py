@@ -13,9 +13,9 @@ workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
 Command:
     python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt
     (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights)
-Runtime: about 3 minutes on the 2-core reference machine (transformers is most of it).
-Expected: c2 several times transformers' tokens/s; speculative faster than plain at acceptance
-above ~0.6; float32 replayed mismatch ~1e-6.
+Runtime: about 6 minutes on the 2-core reference machine (transformers is half of it).
+Expected: c2 many times transformers' tokens/s with identical greedy tokens; speculative
+greedy identical to plain and faster when drafts are accepted; float32 replayed mismatch ~1e-6.
 """
 
 from __future__ import annotations
@@ -38,25 +38,26 @@ from c2.infer import Engine
 
 
 def load_stage(stage_dir: Path):
-    """(ModelConfig, params) of the newest checkpoint of a pipeline stage directory."""
+    """(ModelConfig, params, step) of the newest checkpoint of a pipeline stage directory. Only
+    the `params` item is read (orbax), so checkpoints of older and newer trainers both load."""
     import ml_collections
+    import orbax.checkpoint as ocp
 
     from c2.train import lm
-    from c2.train.checkpoint import Checkpointer
 
     config = ml_collections.ConfigDict(json.loads((stage_dir / "config.json").read_text()))
     cfg = lm.model_config(config)
+    steps = sorted(int(p.name) for p in (stage_dir / "checkpoints").iterdir() if p.name.isdigit())
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint in {stage_dir / 'checkpoints'}")
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(
         lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
         model.abstract_params(cfg),
     )
-    ckpt = Checkpointer(stage_dir / "checkpoints")
-    found = ckpt.restore_latest(abstract, None, set_aside=False)
-    ckpt.close()
-    if found is None:
-        raise FileNotFoundError(f"no readable checkpoint in {stage_dir / 'checkpoints'}")
-    return cfg, found[1], found[0]
+    path = (stage_dir / "checkpoints" / str(steps[-1]) / "params").absolute()
+    params = ocp.StandardCheckpointer().restore(path, abstract)
+    return cfg, params, steps[-1]
 
 
 def heldout_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
@@ -80,26 +81,34 @@ def heldout_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
     raise ValueError(f"only {len(out)} held-out documents are long enough for {batch} prompts")
 
 
-def _timed(fn, repeats: int) -> tuple[float, object]:
-    """(median seconds, last result) after one untimed warm-up call (compilation)."""
-    result = fn()
-    times = []
+def interleaved(runs: dict, repeats: int) -> dict:
+    """{name: (median seconds, last result)}: one untimed warm-up call each (compilation), then
+    `repeats` rounds calling every run in turn, so load on a shared machine hits all alike."""
+    results = {name: fn() for name, fn in runs.items()}
+    times = {name: [] for name in runs}
     for _ in range(repeats):
-        t = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)), result
+        for name, fn in runs.items():
+            t = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: (float(np.median(times[name])), results[name]) for name in runs}
 
 
-def bench_c2(params, cfg, prompts, new_tokens, repeats, **options):
+def c2_run(params, cfg, prompts, new_tokens, **options):
+    """A run of the engine (greedy unless `temperature` is given) and the engine itself."""
     B, P = prompts.shape
     engine = Engine(params, cfg, max_slots=B, max_len=P + new_tokens, **options)
-    seconds, out = _timed(lambda: engine.generate(prompts.tolist(), new_tokens), repeats)
-    tokens = np.stack([c.tokens for c in out])
-    return {"seconds": seconds, "tokens_per_s": tokens.size / seconds, **engine.stats}, tokens
+
+    def run():
+        engine._stats.clear()  # stats of the last call only
+        out = engine.generate(prompts.tolist(), new_tokens)
+        return np.stack([c.tokens for c in out]), dict(engine.stats)
+
+    return run
 
 
-def bench_hf(params, cfg, prompts, new_tokens, repeats):
+def hf_run(params, cfg, prompts, new_tokens):
+    """transformers generate, greedy, exactly new_tokens per row, on the exported weights."""
     import torch
     import transformers
 
@@ -113,7 +122,7 @@ def bench_hf(params, cfg, prompts, new_tokens, repeats):
 
     def run():
         with torch.no_grad():
-            return hf.generate(
+            out = hf.generate(
                 ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=new_tokens,
@@ -121,15 +130,12 @@ def bench_hf(params, cfg, prompts, new_tokens, repeats):
                 do_sample=False,
                 pad_token_id=0,
             )
+        return out[:, prompts.shape[1] :].numpy(), {
+            "torch_threads": torch.get_num_threads(),
+            "transformers": transformers.__version__,
+        }
 
-    seconds, out = _timed(run, repeats)
-    tokens = out[:, prompts.shape[1] :].numpy()
-    return {
-        "seconds": seconds,
-        "tokens_per_s": tokens.size / seconds,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
-    }, tokens
+    return run
 
 
 def logprob_mismatch(params, cfg, prompts, new_tokens, dtype: str) -> dict:
@@ -202,28 +208,45 @@ def main(argv=None) -> dict:
         "prompt_len": a.prompt_len,
         "new_tokens": a.new_tokens,
     }
-    res["c2"], plain = bench_c2(params, cfg, prompts, a.new_tokens, a.repeats)
-    print(f"c2 plain greedy: {res['c2']['tokens_per_s']:.0f} tokens/s")
+    drafts = [int(x) for x in a.drafts.split(",") if x] if cfg.mtp_depth else []
+    runs = {}
+    for temperature in (0.0, 1.0):  # greedy (the comparison with transformers) and sampling
+        opts = dict(temperature=temperature, seed=0)
+        runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, **opts)
+        for k in drafts:
+            runs[f"c2 speculative k={k} T={temperature:g}"] = c2_run(
+                params, cfg, prompts, a.new_tokens, speculative=True, num_draft_tokens=k, **opts
+            )
     if not a.skip_hf:
-        res["hf"], hf_tokens = bench_hf(params, cfg, prompts, a.new_tokens, a.repeats)
-        res["hf"]["identical_rows"] = int((hf_tokens == plain).all(1).sum())
-        res["hf"]["identical_tokens"] = float((hf_tokens == plain).mean())
-        res["c2_over_hf"] = res["c2"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
-        print(f"transformers: {res['hf']['tokens_per_s']:.0f} tokens/s -> {res['c2_over_hf']:.1f}x")
-    if cfg.mtp_depth:
-        res["speculative"] = {}
-        for k in [int(x) for x in a.drafts.split(",") if x]:
-            r, tokens = bench_c2(
-                params, cfg, prompts, a.new_tokens, a.repeats, speculative=True, num_draft_tokens=k
-            )
-            r["identical_to_plain"] = bool((tokens == plain).all())
-            r["speedup"] = r["tokens_per_s"] / res["c2"]["tokens_per_s"]
-            res["speculative"][k] = r
-            print(
-                f"speculative, {k} drafts: {r['tokens_per_s']:.0f} tokens/s ({r['speedup']:.2f}x), "
-                f"acceptance {r['acceptance_rate']:.2f}, mean accepted length "
-                f"{r['mean_accepted_length']:.2f}, identical={r['identical_to_plain']}"
-            )
+        runs["transformers T=0"] = hf_run(params, cfg, prompts, a.new_tokens)
+    timed = interleaved(runs, a.repeats)
+    res["runs"] = {}
+    for name, (seconds, (tokens, info)) in timed.items():
+        temperature = name.rsplit("T=", 1)[1]
+        plain_s, (plain_tokens, _) = timed[f"c2 T={temperature}"]
+        r = {"seconds": seconds, "tokens_per_s": tokens.size / seconds, **info}
+        r["speedup_over_plain"] = plain_s / seconds
+        if temperature == "0":  # greedy: every variant must give the same tokens
+            r["identical_to_plain"] = float((tokens == plain_tokens).all(1).mean())
+        res["runs"][name] = r
+        accept = (
+            f", acceptance {r['acceptance_rate']:.2f}, mean accepted length "
+            f"{r['mean_accepted_length']:.2f}"
+            if "acceptance_rate" in r
+            else ""
+        )
+        same = (
+            f", rows identical to plain {r['identical_to_plain']:.2f}"
+            if "identical_to_plain" in r
+            else ""
+        )
+        print(
+            f"{name}: {r['tokens_per_s']:.0f} tokens/s, {r['speedup_over_plain']:.2f}x plain"
+            f"{accept}{same}"
+        )
+    if "transformers T=0" in res["runs"]:
+        res["c2_over_transformers"] = 1 / res["runs"]["transformers T=0"]["speedup_over_plain"]
+        print(f"c2 over transformers (greedy): {res['c2_over_transformers']:.1f}x")
     res["mismatch"] = {}
     for dtype in ("float32", "bfloat16"):
         res["mismatch"][dtype] = m = logprob_mismatch(params, cfg, prompts, a.new_tokens, dtype)

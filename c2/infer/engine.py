@@ -358,6 +358,11 @@ class Engine:
         if "phase" in fields:
             self._phase[slot] = fields["phase"]
 
+    @property
+    def _fresh_mtp(self) -> dict:
+        """A row starting at position 0 has no deferred MTP entries."""
+        return {"mtp_n": 0} if self.spec.speculative else {}
+
     def _feed(self, seq: _Seq, tokens: list[int], record: bool = True):
         """Feed tokens into the sequence's slot in bucketed chunks; returns (next token, logprob)
         sampled after the last one. Not recording: a rebuild from position 0."""
@@ -397,7 +402,7 @@ class Engine:
             return
         for seq in self._slots:
             if seq is not None and seq.fed:
-                self._set(seq.slot, pos=0)
+                self._set(seq.slot, pos=0, **self._fresh_mtp)
                 self._feed(seq, seq.tokens[: seq.fed], record=False)
 
     def _admit(self, events: list) -> None:
@@ -410,6 +415,7 @@ class Engine:
                 stop_ids[: len(seq.stop_tokens)] = seq.stop_tokens
                 self._set(
                     slot,
+                    **self._fresh_mtp,
                     pos=0,
                     phase=0,
                     rid=seq.rid,
@@ -595,7 +601,7 @@ class Engine:
         if self.spec.speculative and seq.multi_turn:
             # The device ran ahead: rebuild the row so the MTP state (the last hidden state and
             # the module's cache) belongs to the kept tokens; the next turn drafts from it.
-            self._set(seq.slot, pos=0)
+            self._set(seq.slot, pos=0, **self._fresh_mtp)
             self._feed(seq, seq.tokens[: seq.fed], record=False)
 
 

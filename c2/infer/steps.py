@@ -13,9 +13,12 @@ State (a dict of [B] arrays, B = slots, plus the caches):
   pause      on stop, go idle keeping the sequence (multi-turn) instead of flushing.
   stop_ids   [B, n_stop] stop-token ids, -1 padded.
   temperature, top_k, top_p  the row's sampling settings.
-  h_last, mtp_cache  (speculative only) the main model's last hidden state and the KV cache of
-             the MTP module. MTP cache slot j-1 holds token j's entry: the module's input at
-             training position t = j-1 is (h_{j-1}, embed(x_j)); token 0 has none.
+  mtp_cache  (speculative only) the MTP module's KV cache: slot j-1 holds token j's entry,
+             the module's input at training position t = j-1 being (h_{j-1}, embed(x_j)).
+  mtp_h, mtp_tok, mtp_n  (speculative only) entries not yet written, deferred to the next pass
+             of the module: mtp_n [B] main-model hidden states mtp_h [B, K+1, H] of the last fed
+             tokens (positions pos-mtp_n .. pos-1) and the tokens after them, mtp_tok [B, K+1]
+             (the last is the pending token, or the first token of the next fed chunk).
 """
 
 from __future__ import annotations
@@ -72,8 +75,11 @@ def init_state(spec: StepSpec) -> dict:
     }
     if spec.speculative:
         layer = init_layer_cache(c, 1, B, spec.cache_len, jnp.dtype(c.dtype))
+        K1 = spec.num_draft + 1
         state["mtp_cache"] = jax.tree.map(lambda a: a[0], layer)
-        state["h_last"] = jnp.zeros((B, c.d_model), jnp.dtype(c.dtype))
+        state["mtp_h"] = jnp.zeros((B, K1, c.d_model), jnp.dtype(c.dtype))
+        state["mtp_tok"] = jnp.zeros((B, K1), jnp.int32)
+        state["mtp_n"] = jnp.zeros((B,), jnp.int32)
     return state
 
 
@@ -103,6 +109,53 @@ def set_rows(state: dict, slot, fields: dict) -> dict:
             state["cache"] = dict(state["cache"], pos=state["cache"]["pos"].at[slot].set(value))
         else:
             state[name] = state[name].at[slot].set(value)
+    return state
+
+
+def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig):
+    """One MTP pass writing the deferred entries at slots pos-n .. (K+1 static; the ones past
+    n-1 are scratch, overwritten later). Returns (module hidden at slot pos-1 [B,1,H], cache)."""
+    K1 = tok_BK.shape[1]
+    start = jnp.maximum(pos_B - n_B, 0)
+    positions = start[:, None] + jnp.arange(K1)[None]
+    g, mtp_cache = mtp_module(
+        params, 0, h_BKH, tok_BK, c, positions=positions, cache=dict(mtp_cache, pos=start)
+    )
+    rows = jnp.arange(tok_BK.shape[0])
+    return g[rows, jnp.maximum(n_B - 1, 0)][:, None], mtp_cache
+
+
+def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec):
+    """MTP entries of a fed chunk: first the row's deferred entries (the chunk's first token
+    completes them), then one for every later chunk token; the last token's hidden state is
+    deferred to the next pass (its next token is not known yet)."""
+    c = spec.cfg
+    C = tokens_C.shape[0]
+    row = lambda name: state[name][slot][None]  # noqa: E731
+    n = row("mtp_n")
+    tok = row("mtp_tok").at[0, jnp.maximum(n[0] - 1, 0)].set(tokens_C[0])
+    cache = jax.tree.map(lambda a: a[slot][None], state["mtp_cache"])
+    _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s[None], c)
+    cache.pop("pos")
+    pad_h = jnp.zeros((1, c.d_model), hidden_CH.dtype)
+    h_in = jnp.concatenate([hidden_CH[: C - 1], pad_h])[None]  # token j+1 sees hidden j
+    tok_in = jnp.concatenate([tokens_C[1:], tokens_C[:1] * 0])[None]
+    _, cache = mtp_module(
+        params,
+        0,
+        h_in,
+        tok_in,
+        c,
+        positions=(s + jnp.arange(C))[None],
+        cache=dict(cache, pos=s[None]),
+    )
+    cache.pop("pos")
+    state = dict(state)
+    state["mtp_cache"] = jax.tree.map(lambda a, r: a.at[slot].set(r[0]), state["mtp_cache"], cache)
+    K1 = spec.num_draft + 1
+    h = jnp.zeros((K1, c.d_model), hidden_CH.dtype).at[0].set(hidden_CH[last])
+    state["mtp_h"] = state["mtp_h"].at[slot].set(h)
+    state["mtp_n"] = state["mtp_n"].at[slot].set(1)
     return state
 
 
@@ -139,37 +192,14 @@ def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
     key = _row_keys(base_key, sl("rid"), sl("n_gen"))
     token = sampling.sample(key, logp, sl("temperature"))
     if spec.speculative:
-        hidden = aux["hidden"][0]
-        first = s == 0  # token 0 has no MTP entry: shift the chunk by one
-        pad_h = jnp.zeros((1, c.d_model), hidden.dtype)
-        h_in = jnp.where(
-            first,
-            jnp.concatenate([hidden[: C - 1], pad_h]),
-            jnp.concatenate([state["h_last"][slot][None], hidden[: C - 1]]),
-        )
-        tok_in = jnp.where(first, jnp.concatenate([tokens_C[1:], tokens_C[:1] * 0]), tokens_C)
-        start = jnp.maximum(s - 1, 0)
-        mtp_row = {"pos": start[None], **jax.tree.map(lambda a: a[slot][None], state["mtp_cache"])}
-        _, mtp_row = mtp_module(
-            params,
-            0,
-            h_in[None],
-            tok_in[None],
-            c,
-            positions=(start + jnp.arange(C))[None],
-            cache=mtp_row,
-        )
-        mtp_row.pop("pos")
-        state["mtp_cache"] = jax.tree.map(
-            lambda a, r: a.at[slot].set(r[0]), state["mtp_cache"], mtp_row
-        )
-        state["h_last"] = state["h_last"].at[slot].set(hidden[last])
+        state = _feed_mtp(params, state, slot, s, tokens_C, aux["hidden"][0], last, spec)
     return state, token[0], sampling.take(logp, token)[0], _routing(aux, c, 1, C)[:, 0]
 
 
 def _plain_step(params, state: dict, base_key, spec: StepSpec):
     """Feed every row's pending token, sample the next. Outputs use the speculative layout with
-    K = 0: tokens/logprobs [B, 1], n_emit, n_fed, accepted [B], routing [L, B, 1, k]."""
+    K = 0: tokens/logprobs [B, 1], n_emit, n_fed, accepted [B], drafts/draft_logprobs [B, 0],
+    routing [L, B, 1, k]."""
     c = spec.cfg
     phase, tok = state["phase"], state["tok"]
     gen, fed = phase == 1, phase > 0
@@ -202,6 +232,8 @@ def _plain_step(params, state: dict, base_key, spec: StepSpec):
         "n_emit": gen.astype(jnp.int32),
         "n_fed": fed.astype(jnp.int32),
         "accepted": jnp.zeros_like(tok),
+        "drafts": jnp.zeros((tok.shape[0], 0), jnp.int32),
+        "draft_logprobs": jnp.zeros((tok.shape[0], 0), jnp.float32),
         "routing": _routing(aux, c, tok.shape[0], 1),
         "phase": phase_next,
     }
@@ -213,10 +245,11 @@ def _draft_logits(params, g, c: ModelConfig):
 
 
 def _spec_step(params, state: dict, base_key, spec: StepSpec):
-    """Draft K tokens with MTP module 0 (chained on its own hidden state, as EAGLE and SGLang's
-    NextN do), verify them with the main model in one forward pass over K+1 tokens, keep the
-    accepted prefix plus one corrected/bonus token, then rewrite the MTP cache entries of the
-    kept drafts from the verified hidden states."""
+    """Draft K tokens with MTP module 0 (the first from the main model's hidden state, the
+    rest chained on the module's own, as EAGLE and SGLang's NextN do), verify them with the
+    main model in one forward pass over K+1 tokens, keep the accepted prefix plus one
+    corrected/bonus token. The kept tokens' MTP entries are written by the next step's first
+    module pass (deferred: no extra pass)."""
     c, K, B = spec.cfg, spec.num_draft, spec.n_slots
     phase, tok = state["phase"], state["tok"]
     temp, top_k, top_p = state["temperature"], state["top_k"], state["top_p"]
@@ -226,17 +259,21 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
         _row_keys(base_key, state["rid"], state["n_gen"])
     )
 
-    mtp = dict(state["mtp_cache"], pos=jnp.maximum(n_B - 1, 0))
-    h, t = state["h_last"][:, None], tok[:, None]
+    # Draft 1 from the deferred entries (the pending token completes them), then a chain.
+    pending = jnp.maximum(state["mtp_n"] - 1, 0)
+    mtp_tok = state["mtp_tok"].at[jnp.arange(B), pending].set(tok)
+    g, mtp = _catch_up(params, state["mtp_cache"], state["mtp_h"], mtp_tok, state["mtp_n"], n_B, c)
     drafts, draft_logps = [], []
     for j in range(K):
-        g, mtp = mtp_module(params, 0, h, t, c, positions=(n_B - 1 + j)[:, None], cache=mtp)
-        mtp["pos"] = mtp["pos"] + 1
+        if j:
+            mtp["pos"] = n_B + j - 1
+            prev = drafts[-1][:, None]
+            g, mtp = mtp_module(params, 0, g, prev, c, positions=mtp["pos"][:, None], cache=mtp)
         lp = sampling.sampling_logprobs(_draft_logits(params, g, c), temp, top_k, top_p)
         d = sampling.sample(keys[:, j], lp, temp)
         drafts.append(d)
         draft_logps.append(lp)
-        h, t = g, d[:, None]
+    mtp.pop("pos")
     drafts_BK = jnp.stack(drafts, 1)
 
     verify_BT = jnp.concatenate([tok[:, None], drafts_BK], 1)
@@ -262,32 +299,25 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
     stopped = gen & ((first_stop <= n_emit) | (budget <= 0))
     last_fed = n_emit <= accepted  # the last emitted token is a verified draft
     n_fed = jnp.where(gen, 1 + jnp.minimum(accepted, n_emit), flush.astype(jnp.int32))
-    hidden = aux["hidden"]
-    h_last = jnp.where(
-        (n_fed > 0)[:, None], hidden[jnp.arange(B), jnp.maximum(n_fed - 1, 0)], state["h_last"]
-    )
     phase_next = jnp.where(
         flush, 0, jnp.where(stopped, jnp.where(state["pause"] | last_fed, 0, 2), phase)
     )
 
-    mtp["pos"] = n_B  # entries of the drafts d_1..d_K from the verified hidden states
-    _, mtp = mtp_module(
-        params,
-        0,
-        hidden[:, :K],
-        drafts_BK,
-        c,
-        positions=n_B[:, None] + jnp.arange(K)[None],
-        cache=mtp,
-    )
-    mtp.pop("pos")
+    # The fed tokens' entries are deferred to the next pass: hidden states of verified
+    # positions 0..n_fed-1 and the tokens after them (the emitted ones).
+    fed_rows = (n_fed > 0)[:, None]
+    mtp_h = jnp.where(fed_rows[..., None], aux["hidden"], state["mtp_h"])
+    mtp_tok = jnp.where(fed_rows, cand_BT, state["mtp_tok"])
+    mtp_n = jnp.where(n_fed > 0, n_fed, state["mtp_n"])
     cache = aux["cache"]
     cache["pos"] = n_B + n_fed
     state = dict(
         state,
         cache=cache,
         mtp_cache=mtp,
-        h_last=h_last,
+        mtp_h=mtp_h,
+        mtp_tok=mtp_tok,
+        mtp_n=mtp_n,
         tok=jnp.where(gen, bonus, tok),
         phase=phase_next,
         n_gen=state["n_gen"] + n_emit,
@@ -299,6 +329,10 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
         "n_emit": n_emit,
         "n_fed": n_fed,
         "accepted": jnp.where(gen, accepted, 0),
+        "drafts": drafts_BK,
+        "draft_logprobs": jnp.take_along_axis(jnp.stack(draft_logps, 1), drafts_BK[..., None], -1)[
+            ..., 0
+        ],
         "routing": _routing(aux, c, B, K + 1),
         "phase": phase_next,
     }

@@ -32,6 +32,12 @@ class Model:
             routing = r
         return np.asarray(self._logits(params or self.params, padded, routing)[0])[0, :T]
 
+    def mtp_logprobs(self, tokens):
+        """[T, V]: MTP depth 1's log-softmax at position t, for token t + 2 (training path)."""
+        padded = np.zeros((1, MAX_LEN), np.int32)
+        padded[0, : len(tokens)] = tokens
+        return np.asarray(self._logits(self.params, padded, None)[2])[0, : len(tokens)]
+
     def live_routing(self, tokens):
         """[T, L_moe, k] experts the full forward picks itself."""
         padded = np.zeros((1, MAX_LEN), np.int32)
@@ -51,7 +57,8 @@ class Model:
 
 def _padded_forward(params, tokens, routing, cfg):
     logits, aux = model.forward(params, tokens, cfg, routing=routing)
-    return logits, aux["topk_idx"]
+    mtp = jax.nn.log_softmax(model.mtp_logits(params, aux, cfg)[0]) if cfg.mtp_depth else logits
+    return logits, aux["topk_idx"], mtp
 
 
 @pytest.fixture(scope="session")

@@ -55,6 +55,34 @@ def test_speculative_greedy_equals_plain_greedy(kimi, num_draft):
     assert s["verify_rows"] * s["mean_accepted_length"] >= 11 * len(PROMPTS)
 
 
+def test_mtp_drafts_follow_the_training_paths_mtp_head(kimi, monkeypatch):
+    """Sampling at temperature 1 (most drafts accepted by this flat random model): the
+    probability each first draft (for the token after pending position n) was drawn with is
+    MTP depth 1's at position n-1 as the full forward computes it. So every MTP cache entry,
+    written from prompt chunks and deferred after each verification, is right."""
+    seen = []
+    absorb = Engine._absorb
+
+    def spy(self, out, version, events):
+        for slot, seq in enumerate(self._slots):
+            if seq is not None and seq.status == "running" and out["n_emit"][0, slot]:
+                draft = out["drafts"][0, slot, 0], out["draft_logprobs"][0, slot, 0]
+                seen.append((seq.rid, seq.fed, *draft))
+        absorb(self, out, version, events)
+
+    monkeypatch.setattr(Engine, "_absorb", spy)
+    engine = Engine(
+        kimi.params, kimi.cfg, speculative=True, num_draft_tokens=1, temperature=1.0, **ENGINE
+    )
+    out = engine.generate(PROMPTS, 12)
+    mtp = [kimi.mtp_logprobs(p + c.tokens.tolist()) for p, c in zip(PROMPTS, out)]
+    assert len(seen) == engine.stats["verify_rows"]
+    got = np.array([lp for *_, lp in seen])
+    want = np.array([mtp[rid][n - 1, d] for rid, n, d, _ in seen])
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert engine.stats["accepted"] >= len(seen) // 2  # many steps keep their draft
+
+
 def _replayed_logprobs(m, comp, temperature):
     seq = np.concatenate([comp.prompt, comp.tokens])
     routing = np.concatenate([comp.prompt_routed_experts, comp.routed_experts])
