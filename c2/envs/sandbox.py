@@ -196,13 +196,14 @@ class Sandbox:
         for name, text in (("passwd", _ETC_PASSWD), ("group", _ETC_GROUP)):
             fds.append(_pipe_with(text.encode()))
             a += ["--perms", "0644", "--ro-bind-data", str(fds[-1]), f"/etc/{name}"]
+        a += ["--proc", "/proc", "--dev", "/dev"]
+        a += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
+        a += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/dev/shm"]
+        # The runtime after the private /tmp: a venv that lives under the host's /tmp stays visible.
         made = {"/usr", "/etc", "/tmp", "/dev", "/proc"}
         for p in self.runtime_paths:
             a += [*_dirs_for(p, made), "--ro-bind", p, p]
             made.add(p)
-        a += ["--proc", "/proc", "--dev", "/dev"]
-        a += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
-        a += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/dev/shm"]
         a += [*_dirs_for(mount_at, made), "--ro-bind" if readonly else "--bind", workdir, mount_at]
         for src, dst, writable in binds:
             a += [*_dirs_for(dst, made), "--bind" if writable else "--ro-bind", str(src), dst]
