@@ -187,6 +187,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--drafts", default="1,2,3", help="MTP draft lengths to benchmark")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip_hf", action="store_true")
+    ap.add_argument(
+        "--moe_impl", choices=("ragged", "dense"), help="override the MoE dispatch for decoding"
+    )
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
 
@@ -197,6 +200,8 @@ def main(argv=None) -> dict:
         cfg = model.presets.get(a.preset, dtype="float32")
         params = model.init_params(cfg, jax.random.key(0))
         source = f"{a.preset}, untrained"
+    if a.moe_impl:
+        cfg = cfg.replace(moe_impl=a.moe_impl)
     prompts = heldout_prompts(a.batch, a.prompt_len, cfg.vocab_size)
     res = {
         "date": datetime.date.today().isoformat(),
@@ -204,6 +209,7 @@ def main(argv=None) -> dict:
         "load_average": os.getloadavg(),
         "model": source,
         "dtype": cfg.dtype,
+        "moe_impl": cfg.moe_impl,
         "batch": a.batch,
         "prompt_len": a.prompt_len,
         "new_tokens": a.new_tokens,

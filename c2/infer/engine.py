@@ -16,7 +16,6 @@ returns its `Trajectory`. Nothing is ever re-tokenised: the engine only sees tok
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
@@ -24,36 +23,11 @@ import jax
 import numpy as np
 
 from c2.infer import steps
-from c2.infer.records import Completion, Trajectory
+from c2.infer.records import Completion, SequenceRecord, Trajectory
 from c2.infer.sampling import SamplingParams
 from c2.model.config import ModelConfig
 
 MIN_BUCKET = 16
-
-
-@dataclasses.dataclass
-class _Seq:
-    """Host-side record of one request; `routing` holds one [n, L, k] block per feed."""
-
-    rid: int
-    sampling: SamplingParams
-    stop_tokens: tuple[int, ...]
-    stop_strings: tuple[str, ...]
-    multi_turn: bool
-    max_new: int
-    tokens: list[int]
-    generated: list[bool]
-    logprobs: list[float]
-    versions: list[int]
-    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
-    fed: int = 0
-    n_gen: int = 0
-    slot: int | None = None
-    status: str = "queued"  # queued, extending, running, flushing, paused, done
-    turn: int = 0
-    prompt_start: int = 0
-    gen_start: int = 0
-    finish: tuple[str, int | str | None] = ("length", None)
 
 
 def _token_array(tokens, vocab_size: int, what: str) -> np.ndarray:
@@ -157,15 +131,17 @@ class Engine:
         self.version = int(version)
         self._base_key = jax.random.key(int(seed))
         self._state = None  # built lazily: nothing is allocated or compiled before a step
-        self._slots: list[_Seq | None] = [None] * max_slots
+        self._slots: list[SequenceRecord | None] = [None] * max_slots
         self._phase = np.zeros(max_slots, np.int32)  # host mirror of the device phases
-        self._queue: collections.deque[_Seq] = collections.deque()
-        self._seqs: dict[int, _Seq] = {}
+        self._queue: collections.deque[SequenceRecord] = collections.deque()
+        self._seqs: dict[int, SequenceRecord] = {}
         self._next_rid = 0
         self._lock = threading.Lock()
         self._pending_update = None
         self._stats = collections.Counter()
-        self._n_layers_moe = c.n_moe_layers
+        self._empty_routing = np.zeros(
+            (0, c.n_moe_layers, c.n_experts_per_token), steps.routing_dtype(c)
+        )
 
     # Input checks ---------------------------------------------------------------------------
 
@@ -232,19 +208,16 @@ class Engine:
         )
         rid = self._next_rid
         self._next_rid += 1
-        n = len(prompt)
-        seq = _Seq(
+        seq = SequenceRecord(
             rid=rid,
             sampling=sp,
             stop_tokens=stops,
             stop_strings=strings,
             multi_turn=bool(multi_turn),
             max_new=max_new,
-            tokens=prompt.tolist(),
-            generated=[False] * n,
-            logprobs=[0.0] * n,
-            versions=[-1] * n,
+            empty_routing=self._empty_routing,
         )
+        seq.append_prompt(prompt.tolist())
         self._seqs[rid] = seq
         self._queue.append(seq)
         return rid
@@ -259,11 +232,7 @@ class Engine:
             )
         tokens = _token_array(tokens, self.cfg.vocab_size, "extend tokens")
         seq.max_new = self._room(len(seq.tokens) + len(tokens), max_new_tokens, "the sequence")
-        seq.prompt_start = len(seq.tokens)
-        seq.tokens += tokens.tolist()
-        seq.generated += [False] * len(tokens)
-        seq.logprobs += [0.0] * len(tokens)
-        seq.versions += [-1] * len(tokens)
+        seq.append_prompt(tokens.tolist())
         seq.turn += 1
         seq.status = "extending"
 
@@ -283,22 +252,13 @@ class Engine:
             seq.slot = None
         seq.status = "done"
         del self._seqs[request_id]
-        return self.trajectory_of(seq)
+        return seq.trajectory()
 
     def trajectory(self, request_id: int) -> Trajectory:
-        return self.trajectory_of(self._get(request_id))
+        """The sequence so far (a multi-turn one between turns, say)."""
+        return self._get(request_id).trajectory()
 
-    def trajectory_of(self, seq: _Seq) -> Trajectory:
-        return Trajectory(
-            request_id=seq.rid,
-            token_ids=np.asarray(seq.tokens, np.int32),
-            generated=np.asarray(seq.generated, bool),
-            logprobs=np.asarray(seq.logprobs, np.float32),
-            versions=np.asarray(seq.versions, np.int32),
-            routed_experts=self._routing_rows(seq, 0, seq.fed),
-        )
-
-    def _get(self, request_id: int) -> _Seq:
+    def _get(self, request_id: int) -> SequenceRecord:
         if request_id not in self._seqs:
             raise KeyError(f"unknown or released request id {request_id}")
         return self._seqs[request_id]
@@ -363,7 +323,7 @@ class Engine:
         """A row starting at position 0 has no deferred MTP entries."""
         return {"mtp_n": 0} if self.spec.speculative else {}
 
-    def _feed(self, seq: _Seq, tokens: list[int], record: bool = True):
+    def _feed(self, seq: SequenceRecord, tokens: list[int], record: bool = True):
         """Feed tokens into the sequence's slot in bucketed chunks; returns (next token, logprob)
         sampled after the last one. Not recording: a rebuild from position 0."""
         i, out = 0, None
@@ -385,8 +345,7 @@ class Engine:
                 spec=self.spec,
             )
             if record:
-                seq.routing.append(np.asarray(routing)[:, :n].transpose(1, 0, 2))
-                seq.fed += n
+                seq.add_routing(np.asarray(routing)[:, :n].transpose(1, 0, 2))
             i += n
             out = (tok, lp)
         return out
@@ -431,12 +390,12 @@ class Engine:
             if seq is not None and seq.status == "extending":
                 self._start_turn(seq, events)
 
-    def _start_turn(self, seq: _Seq, events: list) -> None:
+    def _start_turn(self, seq: SequenceRecord, events: list) -> None:
         """Feed the unfed tokens, take the sampled first token, arm the row for decoding."""
         tok, lp = jax.device_get(self._feed(seq, seq.tokens[seq.fed :]))
         seq.gen_start = len(seq.tokens)
         budget = min(seq.max_new, self.max_len - len(seq.tokens))
-        self._append(seq, [int(tok)], [float(lp)])
+        seq.append_generated([int(tok)], [float(lp)], self.version)
         self._stats["generated_tokens"] += 1
         seq.n_gen += 1
         seq.status = "running"
@@ -451,13 +410,7 @@ class Engine:
         else:
             self._set(seq.slot, phase=1, **row)
 
-    def _append(self, seq: _Seq, tokens, logprobs) -> None:
-        seq.tokens += tokens
-        seq.generated += [True] * len(tokens)
-        seq.logprobs += logprobs
-        seq.versions += [self.version] * len(tokens)
-
-    def _stop_string(self, seq: _Seq, first_new: int):
+    def _stop_string(self, seq: SequenceRecord, first_new: int):
         """(index in the turn of the token completing a stop string, the string), checking the
         turn's tokens from `first_new` on; None if no stop string ends there."""
         if not seq.stop_strings:
@@ -473,53 +426,27 @@ class Engine:
                     return m, s
         return None
 
-    def _end_turn(self, seq: _Seq, finish, events: list, **row) -> None:
+    def _end_turn(self, seq: SequenceRecord, finish, events: list, **row) -> None:
         """The row's turn is over (device or host decided): pause, finish, or flush the last
         token first. `row`: other fields to set on the device row in the same call."""
         seq.finish = finish
         if seq.multi_turn:
             seq.status = "paused"
             self._set(seq.slot, phase=0, **row)
-            events.append(self._completion(seq))
+            events.append(seq.completion())
         elif seq.fed == len(seq.tokens):
             self._finish(seq, events, **row)
         else:
             seq.status = "flushing"
             self._set(seq.slot, **dict(row, tok=seq.tokens[-1], phase=2))
 
-    def _finish(self, seq: _Seq, events: list, **row) -> None:
+    def _finish(self, seq: SequenceRecord, events: list, **row) -> None:
         self._set(seq.slot, phase=0, **row)
         self._slots[seq.slot] = None
         seq.slot = None
         seq.status = "done"
-        events.append(self._completion(seq))
+        events.append(seq.completion())
         del self._seqs[seq.rid]
-
-    def _routing_rows(self, seq: _Seq, start: int, stop: int) -> np.ndarray:
-        rows = (
-            np.concatenate(seq.routing)
-            if seq.routing
-            else np.zeros(
-                (0, self._n_layers_moe, self.cfg.n_experts_per_token), steps.routing_dtype(self.cfg)
-            )
-        )
-        seq.routing = [rows]
-        return rows[start:stop]
-
-    def _completion(self, seq: _Seq) -> Completion:
-        g, p = seq.gen_start, seq.prompt_start
-        return Completion(
-            request_id=seq.rid,
-            turn=seq.turn,
-            prompt=np.asarray(seq.tokens[p:g], np.int32),
-            tokens=np.asarray(seq.tokens[g:], np.int32),
-            logprobs=np.asarray(seq.logprobs[g:], np.float32),
-            versions=np.asarray(seq.versions[g:], np.int32),
-            routed_experts=self._routing_rows(seq, g, seq.fed),
-            prompt_routed_experts=self._routing_rows(seq, p, g),
-            finish_reason=seq.finish[0],
-            stop=seq.finish[1],
-        )
 
     def step(self) -> list[Completion]:
         """Apply a pending weight update, admit prompts, run one decode call; returns the turns
@@ -550,8 +477,7 @@ class Engine:
                 if seq.rid in done_in_call or seq.status not in ("running", "flushing"):
                     continue
                 if n_fed:
-                    seq.routing.append(out["routing"][i][:, slot, :n_fed].transpose(1, 0, 2))
-                    seq.fed += n_fed
+                    seq.add_routing(out["routing"][i][:, slot, :n_fed].transpose(1, 0, 2))
                 phase = int(out["phase"][i, slot])
                 self._phase[slot] = phase
                 if seq.status == "flushing":
@@ -561,10 +487,11 @@ class Engine:
                     continue
                 if n_emit:
                     first_new = len(seq.tokens) - seq.gen_start
-                    seq.tokens += out["tokens"][i, slot, :n_emit].tolist()
-                    seq.generated += [True] * n_emit
-                    seq.logprobs += out["logprobs"][i, slot, :n_emit].tolist()
-                    seq.versions += [version] * n_emit
+                    seq.append_generated(
+                        out["tokens"][i, slot, :n_emit].tolist(),
+                        out["logprobs"][i, slot, :n_emit].tolist(),
+                        version,
+                    )
                     self._stats["generated_tokens"] += n_emit
                     if K:
                         self._stats["verify_rows"] += 1
@@ -582,21 +509,17 @@ class Engine:
                     seq.finish = finish
                     if seq.multi_turn:
                         seq.status = "paused"
-                        events.append(self._completion(seq))
+                        events.append(seq.completion())
                     elif phase == 0:
                         self._finish(seq, events)
                     else:
                         seq.status = "flushing"
                     done_in_call.add(seq.rid)
 
-    def _truncate(self, seq: _Seq, length: int) -> None:
+    def _truncate(self, seq: SequenceRecord, length: int) -> None:
         """Drop everything after `length` tokens (a stop string ended there); roll the row back."""
         self._stats["generated_tokens"] -= len(seq.tokens) - length
-        del seq.tokens[length:], seq.generated[length:], seq.logprobs[length:]
-        del seq.versions[length:]
-        if seq.fed > length:
-            rows = self._routing_rows(seq, 0, length)
-            seq.routing, seq.fed = [rows], length
+        seq.truncate(length)
         self._set(seq.slot, pos=seq.fed)
         if self.spec.speculative and seq.multi_turn:
             # The device ran ahead: rebuild the row so the MTP state (the last hidden state and

@@ -59,3 +59,90 @@ class Trajectory:
                 "first so its last token is fed"
             )
         return self.routed_experts.astype(np.int32).transpose(1, 0, 2)[:, None]
+
+
+@dataclasses.dataclass
+class SequenceRecord:
+    """The engine's host-side record of one request, token by token (see Trajectory).
+
+    `routing` holds [n, L_moe, k] blocks, one per feed, for the first `fed` tokens. The current
+    turn's prompt (or appended tokens) starts at `prompt_start`, its generation at `gen_start`.
+    """
+
+    rid: int
+    sampling: object  # SamplingParams
+    stop_tokens: tuple[int, ...]
+    stop_strings: tuple[str, ...]
+    multi_turn: bool
+    max_new: int
+    empty_routing: np.ndarray  # [0, L_moe, k] in the packed dtype
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    generated: list[bool] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+    fed: int = 0
+    n_gen: int = 0  # tokens sampled so far (the RNG counter; truncation does not rewind it)
+    slot: int | None = None
+    status: str = "queued"  # queued, extending, running, flushing, paused, done
+    turn: int = 0
+    prompt_start: int = 0
+    gen_start: int = 0
+    finish: tuple[str, int | str | None] = ("length", None)
+
+    def append_prompt(self, tokens) -> None:
+        """Tokens the policy did not generate (prompt, tool output)."""
+        n = len(tokens)
+        self.prompt_start = len(self.tokens)
+        self.tokens += list(tokens)
+        self.generated += [False] * n
+        self.logprobs += [0.0] * n
+        self.versions += [-1] * n
+
+    def append_generated(self, tokens, logprobs, version: int) -> None:
+        self.tokens += list(tokens)
+        self.generated += [True] * len(tokens)
+        self.logprobs += list(logprobs)
+        self.versions += [version] * len(tokens)
+
+    def add_routing(self, rows_NLK: np.ndarray) -> None:
+        """Experts of the next fed tokens."""
+        self.routing.append(rows_NLK)
+        self.fed += len(rows_NLK)
+
+    def routing_rows(self, start: int, stop: int) -> np.ndarray:
+        rows = np.concatenate([self.empty_routing, *self.routing])
+        self.routing = [rows]
+        return rows[start:stop]
+
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` tokens (and their routing, where fed)."""
+        del self.tokens[length:], self.generated[length:], self.logprobs[length:]
+        del self.versions[length:]
+        if self.fed > length:
+            self.routing, self.fed = [self.routing_rows(0, length)], length
+
+    def completion(self) -> Completion:
+        g, p = self.gen_start, self.prompt_start
+        return Completion(
+            request_id=self.rid,
+            turn=self.turn,
+            prompt=np.asarray(self.tokens[p:g], np.int32),
+            tokens=np.asarray(self.tokens[g:], np.int32),
+            logprobs=np.asarray(self.logprobs[g:], np.float32),
+            versions=np.asarray(self.versions[g:], np.int32),
+            routed_experts=self.routing_rows(g, self.fed),
+            prompt_routed_experts=self.routing_rows(p, g),
+            finish_reason=self.finish[0],
+            stop=self.finish[1],
+        )
+
+    def trajectory(self) -> Trajectory:
+        return Trajectory(
+            request_id=self.rid,
+            token_ids=np.asarray(self.tokens, np.int32),
+            generated=np.asarray(self.generated, bool),
+            logprobs=np.asarray(self.logprobs, np.float32),
+            versions=np.asarray(self.versions, np.int32),
+            routed_experts=self.routing_rows(0, self.fed),
+        )
