@@ -13,7 +13,7 @@ workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
 Command:
     python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt
     (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights)
-Runtime: about 6 minutes on the 2-core reference machine (transformers is half of it).
+Runtime: about 5 minutes on the 2-core reference machine (transformers is half of it).
 Expected: c2 many times transformers' tokens/s with identical greedy tokens; speculative
 greedy identical to plain and faster when drafts are accepted; float32 replayed mismatch ~1e-6.
 """
