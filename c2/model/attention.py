@@ -15,7 +15,14 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from c2.model.config import ModelConfig
-from c2.model.layers import apply_rope, linear, rms_norm, rope_cos_sin, softmax_scale
+from c2.model.layers import (
+    apply_rope,
+    einsum_f32,
+    linear,
+    rms_norm,
+    rope_cos_sin,
+    softmax_scale,
+)
 from c2.sharding import constrain
 
 NEG_INF = -1e30  # finite, so fully-masked rows (padding) give a uniform softmax, not NaN
@@ -35,10 +42,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     B, T, N, d = q.shape
     Kh = k.shape[2]
     qg = q.reshape(B, T, Kh, N // Kh, d)
-    s = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * scale
+    s = einsum_f32("btkgd,bskd->bkgts", qg, k) * scale
     s = jnp.where(mask[:, None, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
-    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    o = einsum_f32("bkgts,bskd->btkgd", p.astype(v.dtype), v)
     return o.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
 
 
@@ -107,18 +114,16 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         k_rope=_write_cache(cache["k_rope"], k_rope, pos),
     )
     lat, kr = cache["latent"].astype(x.dtype), cache["k_rope"].astype(x.dtype)
-    q_lat = jnp.einsum("btnd,rnd->btnr", q_nope, w_uk, preferred_element_type=jnp.float32)
+    q_lat = einsum_f32("btnd,rnd->btnr", q_nope, w_uk)
     s = (
-        jnp.einsum("btnr,bsr->bnts", q_lat.astype(x.dtype), lat, preferred_element_type=jnp.float32)
-        + jnp.einsum("btnd,bsd->bnts", q_rope, kr, preferred_element_type=jnp.float32)
+        einsum_f32("btnr,bsr->bnts", q_lat.astype(x.dtype), lat)
+        + einsum_f32("btnd,bsd->bnts", q_rope, kr)
     ) * scale
     mask = _cache_mask(pos, x.shape[1], lat.shape[1])
     s = jnp.where(mask[:, None], s, NEG_INF)
     prob = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-    o_lat = jnp.einsum("bnts,bsr->btnr", prob, lat, preferred_element_type=jnp.float32)
-    o = jnp.einsum(
-        "btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv, preferred_element_type=jnp.float32
-    ).astype(x.dtype)
+    o_lat = einsum_f32("bnts,bsr->btnr", prob, lat)
+    o = einsum_f32("btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv).astype(x.dtype)
     return linear(o, p["wo"], c, n_in=2), cache
 
 

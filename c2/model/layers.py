@@ -11,6 +11,14 @@ import numpy as np
 from c2.model.config import ModelConfig, YarnConfig
 
 
+def einsum_f32(spec: str, *operands: jax.Array) -> jax.Array:
+    """einsum with float32 accumulation and output. XLA:CPU's dot has no bf16 x bf16 -> f32 form,
+    so on the CPU the operands are widened first (exact: the same products and sums)."""
+    if jax.default_backend() == "cpu":
+        return jnp.einsum(spec, *(o.astype(jnp.float32) for o in operands))
+    return jnp.einsum(spec, *operands, preferred_element_type=jnp.float32)
+
+
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     """RMSNorm computed in float32, scaled in the input dtype (as transformers does)."""
     xf = x.astype(jnp.float32)
@@ -108,7 +116,7 @@ def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Arr
 
         y = mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size)
     else:
-        y = jnp.dot(x2, w2, preferred_element_type=jnp.float32).astype(dtype)
+        y = einsum_f32("...k,kn->...n", x2, w2).astype(dtype)
     return y.reshape(*lead, *out_shape)
 
 

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from c2 import sharding
 from c2.model.config import ModelConfig
-from c2.model.layers import mlp
+from c2.model.layers import einsum_f32, mlp
 
 # Router ---------------------------------------------------------------------------------------
 
@@ -118,7 +118,7 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
             from c2.quant import mxfp8
 
             return jax.vmap(lambda a, w: mxfp8.mxfp8_dot(a, w, block_size=c.mxfp8_block_size))(a, w)
-        return jnp.einsum("tmk,tkn->tmn", a, w, preferred_element_type=jnp.float32).astype(dtype)
+        return einsum_f32("tmk,tkn->tmn", a, w).astype(dtype)
 
     h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
     yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)
@@ -142,9 +142,7 @@ def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
     y = grouped_mlp(x_TH[order // K], p, sizes, c)
     y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
-    return jnp.einsum(
-        "tkh,tk->th", y_TKH, gates_TK.astype(y.dtype), preferred_element_type=jnp.float32
-    )
+    return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
 
 
 def _dispatch_dense(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
@@ -155,10 +153,10 @@ def _dispatch_dense(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     )
     dtype = jnp.dtype(c.dtype)
     x = x_TH.astype(dtype)
-    h = jax.nn.silu(jnp.einsum("th,ehi->tei", x, p["w_gate"].astype(dtype)))
+    h = jax.nn.silu(einsum_f32("th,ehi->tei", x, p["w_gate"].astype(dtype)))
     h = h * jnp.einsum("th,ehi->tei", x, p["w_up"].astype(dtype))
     y = jnp.einsum("tei,eih->teh", h, p["w_down"].astype(dtype))
-    return jnp.einsum("teh,te->th", y, combine.astype(dtype), preferred_element_type=jnp.float32)
+    return jnp.einsum("teh,te->th", y, combine.astype(dtype))
 
 
 def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int):
@@ -197,9 +195,7 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
     back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
     y_sorted = jnp.where(keep[:, None], back[dest, jnp.minimum(slot, cap - 1)], 0)
     y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
-    out = jnp.einsum(
-        "tkh,tk->th", y_TKH, gates_TK.astype(y.dtype), preferred_element_type=jnp.float32
-    )
+    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
     dropped = jax.lax.psum(jnp.sum(~keep), (*sharding.BATCH_AXES, "context"))
     return out, dropped
 
@@ -240,9 +236,7 @@ def _dispatch_expert_parallel_ragged(x_TH, idx_TK, gates_TK, p, c: ModelConfig, 
         y, jnp.zeros((N, H), y.dtype), jnp.cumsum(recv) - recv, recv, back_out_off, send
     )
     y_TKH = jnp.zeros_like(back).at[order].set(back).reshape(T, K, H)
-    out = jnp.einsum(
-        "tkh,tk->th", y_TKH, gates_TK.astype(y.dtype), preferred_element_type=jnp.float32
-    )
+    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
     return out, jnp.zeros((), jnp.int32)
 
 

@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from c2 import sharding
 from c2.model.attention import attention, init_layer_cache
 from c2.model.config import ModelConfig
-from c2.model.layers import linear, mlp, rms_norm
+from c2.model.layers import einsum_f32, linear, mlp, rms_norm
 from c2.model.moe import moe_block
 from c2.model.moe import update_router_bias as _bias_step
 
@@ -72,7 +72,7 @@ def lm_head(params, h, c: ModelConfig) -> jax.Array:
     """Final logits in float32 from normed hidden states."""
     w = params["embed"].T if c.tie_word_embeddings else params["lm_head"]
     dtype = jnp.dtype(c.dtype)
-    return jnp.dot(h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+    return einsum_f32("...h,hv->...v", h.astype(dtype), w.astype(dtype))
 
 
 def _check_tokens(tokens, c: ModelConfig):
