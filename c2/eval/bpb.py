@@ -22,9 +22,9 @@ from c2 import sharding
 from c2.train.losses import mtp_distillation, next_token_loss
 
 
-def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
-    """Additive statistics of one batch: nll sum, target tokens, target bytes, MTP agreements."""
-    logits_BTV, aux = model_lib.forward(
+def forward_on_batch(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
+    """The model on a packed batch (inputs, positions, segment_ids): (logits, aux)."""
+    return model_lib.forward(
         params,
         batch["inputs"],
         cfg,
@@ -32,6 +32,11 @@ def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
         segment_ids=batch["segment_ids"],
         mesh=mesh,
     )
+
+
+def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
+    """Additive statistics of one batch: nll sum, target tokens, target bytes, MTP agreements."""
+    logits_BTV, aux = forward_on_batch(params, batch, cfg, mesh)
     mask_BT = batch["loss_mask"].astype(jnp.float32)
     _, nll_sum, n_tokens = next_token_loss(logits_BTV, batch["targets"], mask_BT)
     sums = {

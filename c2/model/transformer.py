@@ -115,42 +115,33 @@ def forward(
         )
     x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
     new_cache = None if cache is None else {"pos": cache["pos"]}
-    if c.first_k_dense:
-        x, _, kv = _scan_layers(
-            x,
-            params["dense_layers"],
-            c,
-            positions,
-            segment_ids,
-            mesh,
-            False,
-            None,
-            None if cache is None else dict(cache["dense"], pos=cache["pos"]),
-        )
-        if cache is not None:
-            new_cache["dense"] = kv
     aux = {}
-    if c.n_moe_layers:
+    # Dense layers first, then MoE layers: each group is one stacked scan.
+    for group, moe, n in (("dense", False, c.first_k_dense), ("moe", True, c.n_moe_layers)):
+        if not n:
+            continue
+        kv = None if cache is None else dict(cache[group], pos=cache["pos"])
         x, stats, kv = _scan_layers(
             x,
-            params["moe_layers"],
+            params[f"{group}_layers"],
             c,
             positions,
             segment_ids,
             mesh,
-            True,
-            routing,
-            None if cache is None else dict(cache["moe"], pos=cache["pos"]),
+            moe,
+            routing if moe else None,
+            kv,
         )
         if cache is not None:
-            new_cache["moe"] = kv
-        aux = {
-            "topk_idx": stats["topk_idx"],
-            "gates": stats["gates"],
-            "expert_load": stats["expert_load"],
-            "balance_loss": stats["balance_loss"].sum(),
-            "dropped": stats["dropped"].sum(),
-        }
+            new_cache[group] = kv
+        if moe:
+            aux = {
+                "topk_idx": stats["topk_idx"],
+                "gates": stats["gates"],
+                "expert_load": stats["expert_load"],
+                "balance_loss": stats["balance_loss"].sum(),
+                "dropped": stats["dropped"].sum(),
+            }
     logits = lm_head(params, rms_norm(x, params["final_norm"], c.rms_norm_eps), c)
     if return_hidden:
         aux["hidden"] = x

@@ -20,7 +20,7 @@ from c2 import model as model_lib
 from c2 import sharding
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
-from c2.eval.bpb import heldout_bpb
+from c2.eval.bpb import forward_on_batch, heldout_bpb
 from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task
 from c2.train.losses import mtp_distillation, next_token_loss
@@ -130,14 +130,7 @@ def router_stats(expert_load_LE: jax.Array, dropped, n_assignments) -> dict[str,
 def lm_loss(params, batch, rng, *, cfg: model_lib.ModelConfig, tc, mesh):
     """Next-token CE (+ mtp_weight * MTP self-distillation + balance_weight * balance loss)."""
     del rng  # no dropout: the step is a deterministic function of params and batch
-    logits_BTV, aux = model_lib.forward(
-        params,
-        batch["inputs"],
-        cfg,
-        positions=batch["positions"],
-        segment_ids=batch["segment_ids"],
-        mesh=mesh,
-    )
+    logits_BTV, aux = forward_on_batch(params, batch, cfg, mesh)
     mask_BT = batch["loss_mask"].astype(jnp.float32)
     ce, nll_sum, n_tokens = next_token_loss(logits_BTV, batch["targets"], mask_BT)
     n_bytes = jnp.sum(batch["target_bytes"].astype(jnp.float32) * mask_BT)
