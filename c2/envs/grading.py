@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -161,11 +162,16 @@ def _harbor_reward(verifier: Path) -> float | None:
 
 
 def _ruff_binary() -> str | None:
+    # The ruff installed beside this interpreter first: ruff's own finder can fail on a
+    # sysconfig without EXE (seen in CI), and PATH may hold another version.
+    beside = os.path.join(os.path.dirname(sys.executable), "ruff")
+    if os.access(beside, os.X_OK):
+        return beside
     try:
         from ruff.__main__ import find_ruff_bin
 
         return find_ruff_bin()
-    except (ImportError, FileNotFoundError):
+    except (ImportError, FileNotFoundError, TypeError):
         return shutil.which("ruff")
 
 
