@@ -184,6 +184,18 @@ def _grouped_tile(pid, num_m: int, num_n: int, group_m: int):
     return i, j
 
 
+def scaled_block_product(a, b, sa_bits, sb_bits, upcast: bool) -> jax.Array:
+    """fp32 [m, n] = (a * 2^sa) @ (b * 2^sb).T for one K block: a [m, bs], b [n, bs] FP8 elements,
+    sa_bits [m] and sb_bits [n] their E8M0 bytes. The FP8 product runs on the tensor cores; the two
+    power-of-two scales multiply the fp32 partial product (exact)."""
+    if upcast:
+        a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+    partial = lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    scale_a = numerics.scale_bits_to_f32(sa_bits)
+    scale_b = numerics.scale_bits_to_f32(sb_bits)
+    return partial * (scale_a[:, None] * scale_b[None, :])
+
+
 def _matmul_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: int, upcast: bool):
     """a_ref [bm, Kp], sa_ref [Kp/bs, bm] (scale bytes), b_ref [bn, Kp], sb_ref [Kp/bs, bn]."""
     blocks_per_step = bk // bs
@@ -191,16 +203,10 @@ def _matmul_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: int, upc
     def step(s, acc):
         for j in range(blocks_per_step):
             kb = s * blocks_per_step + j
-            a = a_ref[:, pl.ds(kb * bs, bs)]
-            b = b_ref[:, pl.ds(kb * bs, bs)]
-            if upcast:
-                a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
-            partial = lax.dot_general(
-                a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
+            cols = pl.ds(kb * bs, bs)
+            acc = acc + scaled_block_product(
+                a_ref[:, cols], b_ref[:, cols], sa_ref[kb, :], sb_ref[kb, :], upcast
             )
-            scale_a = numerics.scale_bits_to_f32(sa_ref[kb, :])
-            scale_b = numerics.scale_bits_to_f32(sb_ref[kb, :])
-            acc = acc + partial * (scale_a[:, None] * scale_b[None, :])
         return acc
 
     acc = jnp.zeros(o_ref.shape, jnp.float32)
@@ -214,6 +220,21 @@ def _check_operand(name: str, q: jax.Array, s: jax.Array, bs: int) -> None:
     expected = (q.shape[0], -(-q.shape[1] // bs))
     if s.shape != expected:
         raise ValueError(f"{name} scale {s.shape}: expected {expected} for block_size={bs}")
+
+
+def padded_operand(q, s, rows_p: int, kp: int, bs: int) -> tuple[jax.Array, jax.Array]:
+    """(q [..., rows_p, kp], scale bytes [..., kp/bs, rows_p]) of an operand blocked along its last
+    axis: zero elements with scale 1 in the padding, and the scales transposed so that a kernel
+    reads one contiguous row of them per K block."""
+    lead = [(0, 0)] * (q.ndim - 2)
+    bits = numerics.scale_to_bits(s).astype(jnp.uint8)
+    q = jnp.pad(q, (*lead, (0, rows_p - q.shape[-2]), (0, kp - q.shape[-1])))
+    bits = jnp.pad(
+        bits,
+        (*lead, (0, rows_p - bits.shape[-2]), (0, kp // bs - bits.shape[-1])),
+        constant_values=numerics.SCALE_BIAS,
+    )
+    return q, jnp.swapaxes(bits, -1, -2)
 
 
 def matmul_nt(
@@ -250,20 +271,8 @@ def matmul_nt(
     bk = _pow2_tile(block_k, k, bs, "block_k")
     mp, np_, kp = _round_up(m, bm), _round_up(n, bn), _round_up(k, bk)
 
-    def operand(q, s, rows_p):
-        # Zero elements with scale 1 in the padding; the scales are passed transposed so that the
-        # kernel reads one contiguous row of them per K block.
-        bits = numerics.scale_to_bits(s).astype(jnp.uint8)
-        q = jnp.pad(q, ((0, rows_p - q.shape[0]), (0, kp - q.shape[1])))
-        bits = jnp.pad(
-            bits,
-            ((0, rows_p - bits.shape[0]), (0, kp // bs - bits.shape[1])),
-            constant_values=numerics.SCALE_BIAS,
-        )
-        return q, bits.T
-
-    qa, sa = operand(qa_MK, sa_MKb, mp)
-    qb, sb = operand(qb_NK, sb_NKb, np_)
+    qa, sa = padded_operand(qa_MK, sa_MKb, mp, kp, bs)
+    qb, sb = padded_operand(qb_NK, sb_NKb, np_, kp, bs)
     num_m, num_n = mp // bm, np_ // bn
     tile = functools.partial(_grouped_tile, num_m=num_m, num_n=num_n, group_m=group_m)
     out = pl.pallas_call(

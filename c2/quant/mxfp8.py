@@ -23,12 +23,16 @@ Implementations (`impl`):
   "pallas" the Pallas kernels of `pallas_kernels.mxfp8` (one-pass row+column quantise, FP8
            tensor-core products with per-block scales applied in fp32); interpret mode on CPU.
            Opt-in until `pallas_kernels/bench_gpu.py` has validated it on the target GPU.
-The grouped (ragged) GEMM always uses the "xla" path: there is no Pallas grouped MXFP8 kernel.
+Expert GEMMs come in two layouts: `mxfp8_ragged_dot` (`lax.ragged_dot` semantics; "xla" only) and
+`mxfp8_tiled_grouped_dot` (each expert's rows padded to whole tiles, the layout of the grouped
+Pallas kernels in `pallas_kernels.mxfp8_grouped`; "xla" or "pallas"). Both quantise the weight
+gradient's contraction over tokens in blocks that restart at each expert's first row.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 from typing import Any
 
 import chex
@@ -171,15 +175,14 @@ def _dot_f32(a: jnp.ndarray, b: jnp.ndarray, dims) -> jnp.ndarray:
     )
 
 
-def _pallas_kernels():
+def _pallas_kernels(module: str = "mxfp8"):
     try:
-        from pallas_kernels import mxfp8 as kernels
-    except ImportError as e:  # pallas_kernels is a top-level package of the repository root.
+        return importlib.import_module(f"pallas_kernels.{module}")
+    except ImportError as e:  # the repository's top-level package, installed beside c2
         raise ImportError(
-            "impl='pallas' needs the repository's `pallas_kernels` package on the Python path "
-            "(run from the repository root)"
+            f"impl='pallas' needs the repository's `pallas_kernels.{module}` "
+            "(installed with c2: pip install -e .)"
         ) from e
-    return kernels
 
 
 def mxfp8_matmul(
@@ -372,3 +375,96 @@ def mxfp8_ragged_dot(
         )
     x_NK, w_GKM = _vary_like((x_NK, w_GKM), group_sizes_G)
     return _ragged(x_NK, w_GKM, group_sizes_G.astype(jnp.int32), bs)
+
+
+# --- grouped GEMM (experts), tiled layout: every tile of rows belongs to one group --------------
+
+
+def _quantize_groups(w_GKN, bs: int, rowwise: bool, colwise: bool):
+    """The Pallas one-pass quantise of every group's [K, N] matrix (a grid axis per group)."""
+    kernels = _pallas_kernels()
+    return jax.vmap(
+        functools.partial(kernels.quantize, block_size=bs, rowwise=rowwise, colwise=colwise)
+    )(w_GKN)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tiled(x_RK, w_GKN, tile_group_T, bs):
+    return _tiled_fwd(x_RK, w_GKN, tile_group_T, bs)[0]
+
+
+def _tiled_fwd(x_RK, w_GKN, tile_group_T, bs):
+    kernels, grouped = _pallas_kernels(), _pallas_kernels("mxfp8_grouped")
+    qx = kernels.quantize(x_RK, bs, rowwise=True, colwise=False)
+    qw = _quantize_groups(w_GKN, bs, rowwise=False, colwise=True)  # [G, N, K], blocks along K
+    y = grouped.gmm_nt(
+        qx.q_row, qx.s_row, qw.q_colT, qw.s_colT, tile_group_T, bs, out_dtype=x_RK.dtype
+    )
+    return y, (x_RK, w_GKN, tile_group_T)
+
+
+def _tiled_bwd(bs, res, dy_RN):
+    x_RK, w_GKN, tile_group_T = res
+    kernels, grouped = _pallas_kernels(), _pallas_kernels("mxfp8_grouped")
+    qdy = kernels.quantize(dy_RN, bs, rowwise=True, colwise=True)  # one pass, both layouts
+    qw = _quantize_groups(w_GKN, bs, rowwise=True, colwise=False)  # [G, K, N], blocks along N
+    dx = grouped.gmm_nt(
+        qdy.q_row, qdy.s_row, qw.q_row, qw.s_row, tile_group_T, bs, out_dtype=x_RK.dtype
+    )
+    # dw[g] = x_g.T @ dy_g; tiles never straddle groups, so column blocks restart at each group.
+    qx = kernels.quantize(x_RK, bs, rowwise=False, colwise=True)
+    dw = grouped.tgmm_nt(
+        qx.q_colT,
+        qx.s_colT,
+        qdy.q_colT,
+        qdy.s_colT,
+        tile_group_T,
+        w_GKN.shape[0],
+        bs,
+        out_dtype=w_GKN.dtype,
+    )
+    return dx, dw, None
+
+
+_tiled.defvjp(_tiled_fwd, _tiled_bwd)
+
+
+def mxfp8_tiled_grouped_dot(
+    x_TMK: jnp.ndarray,
+    w_GKN: jnp.ndarray,
+    tile_group_T: jnp.ndarray,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    *,
+    impl: str | None = None,
+) -> jnp.ndarray:
+    """y[t] = x[t] @ w[tile_group[t]] for tiles of M rows, all three GEMMs in MXFP8.
+
+    Tiles are sorted by group (tile_group nondecreasing) and M is a multiple of the block size, so
+    the weight gradient's blocks along tokens restart at each group, as in `mxfp8_ragged_dot`.
+    "xla": one `mxfp8_dot` per tile with that tile's gathered weights; "pallas": the grouped
+    kernels, which read each tile's weights in place.
+    """
+    bs = check_block_size(block_size)
+    impl = _resolve_impl(impl)
+    _check_float("x", x_TMK)
+    _check_float("w", w_GKN)
+    if x_TMK.ndim != 3 or w_GKN.ndim != 3 or x_TMK.shape[2] != w_GKN.shape[1]:
+        raise ValueError(
+            f"x {x_TMK.shape}, w {w_GKN.shape}: expected x [tiles, M, K] and w [G, K, N]"
+        )
+    if tile_group_T.shape != x_TMK.shape[:1] or not jnp.issubdtype(tile_group_T.dtype, jnp.integer):
+        raise ValueError(
+            f"tile_group {tile_group_T.shape} {tile_group_T.dtype}: "
+            f"expected int [{x_TMK.shape[0]}] (one group per tile of x)"
+        )
+    num_tiles, tile_m, k = x_TMK.shape
+    if tile_m % bs:
+        raise ValueError(f"x {x_TMK.shape}: tile rows {tile_m} are not a multiple of {bs}")
+    tile_group_T = tile_group_T.astype(jnp.int32)
+    if impl == "xla":
+        return jax.vmap(lambda a, w: _dot(a, w, bs, "xla"))(
+            *_vary_like((x_TMK, w_GKN[tile_group_T]))
+        )
+    x_TMK, w_GKN = _vary_like((x_TMK, w_GKN), tile_group_T)
+    y = _tiled(x_TMK.reshape(num_tiles * tile_m, k), w_GKN, tile_group_T, bs)
+    return y.reshape(num_tiles, tile_m, w_GKN.shape[2])
