@@ -56,30 +56,31 @@ class RouteResult(NamedTuple):
     unsort_idx: jax.Array  # int32 [T*K]
 
 
-def check_routing(idx_TK, num_experts: int) -> None:
+def check_routing(idx_TK, num_experts: int, name: str = "idx_TK") -> None:
     """Raise a ValueError naming the first (token, slot) whose expert is out of range or repeated.
 
-    Runs on concrete values (numpy), outside jit.
+    Runs on concrete values (numpy), outside jit. `idx_TK` may have leading axes ([..., T, K], as
+    the model's routing [L_moe, B, T, K]); the message names the full index into `name`.
     """
     idx = np.asarray(idx_TK)
-    if idx.ndim != 2 or not np.issubdtype(idx.dtype, np.integer):
-        raise ValueError(f"idx_TK {idx.shape} {idx.dtype}: expected a 2-D integer array [T, K]")
+    if idx.ndim < 2 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{name} {idx.shape} {idx.dtype}: expected an integer array [..., T, K]")
     bad_range = (idx < 0) | (idx >= num_experts)
-    k = idx.shape[1]
-    # repeated[t, j]: slot j repeats an expert of an earlier slot of token t.
+    k = idx.shape[-1]
+    # repeated[..., t, j]: slot j repeats an expert of an earlier slot of token t.
     earlier = np.tril(np.ones((k, k), bool), -1)  # [j, i]: i < j
-    repeated = ((idx[:, :, None] == idx[:, None, :]) & earlier).any(axis=2)
+    repeated = ((idx[..., :, None] == idx[..., None, :]) & earlier).any(axis=-1)
     bad = bad_range | repeated
     if not bad.any():
         return
-    t, j = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
-    if bad_range[t, j]:
-        raise ValueError(
-            f"idx_TK[{t}, {j}] = {int(idx[t, j])}: expert index out of range [0, {num_experts})"
-        )
-    first = int(np.flatnonzero(idx[t, :j] == idx[t, j])[0])
+    where = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    value, at = int(idx[where]), f"{name}[{', '.join(str(int(i)) for i in where)}]"
+    if bad_range[where]:
+        raise ValueError(f"{at} = {value}: expert index out of range [0, {num_experts})")
+    *token, j = where
+    first = int(np.flatnonzero(idx[tuple(token)][:j] == value)[0])
     raise ValueError(
-        f"idx_TK[{t}, {j}] = {int(idx[t, j])}: expert repeated for token {t} (also in slot {first})"
+        f"{at} = {value}: expert repeated for token {int(token[-1])} (also in slot {first})"
     )
 
 

@@ -70,6 +70,10 @@ class ModelConfig:
     quant: Literal["bf16", "mxfp8"] = "bf16"
     mxfp8_block_size: int = 32
     moe_impl: Literal["ragged", "dense"] = "ragged"
+    # Kernels: "xla" (XLA ops) or "pallas" (pallas_kernels/: MXFP8 quantise and dense/grouped
+    # block-scaled matmuls; router replay). Pallas runs interpreted on CPU: slow, for tests.
+    mxfp8_impl: Literal["xla", "pallas"] = "xla"
+    router_impl: Literal["xla", "pallas"] = "xla"
     # Expert-parallel token exchange capacity (multiple of the balanced load); None = dropless.
     expert_capacity_factor: float | None = None
     # Expert-parallel token exchange: ragged_all_to_all (GPU/TPU) or a padded all_to_all.
@@ -153,6 +157,8 @@ def _validate(c: ModelConfig) -> None:
     need(c.quant in ("bf16", "mxfp8"), "quant", c.quant, "bf16 or mxfp8")
     need(c.mxfp8_block_size in (16, 32), "mxfp8_block_size", c.mxfp8_block_size, "16 or 32")
     need(c.moe_impl in ("ragged", "dense"), "moe_impl", c.moe_impl, "ragged or dense")
+    need(c.mxfp8_impl in ("xla", "pallas"), "mxfp8_impl", c.mxfp8_impl, "xla or pallas")
+    need(c.router_impl in ("xla", "pallas"), "router_impl", c.router_impl, "xla or pallas")
     need(c.dtype in ("bfloat16", "float32", "float16"), "dtype", c.dtype, "bf16/fp32/fp16")
     need(
         c.param_dtype in ("bfloat16", "float32"),

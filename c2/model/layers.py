@@ -114,7 +114,7 @@ def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Arr
     if c.quant == "mxfp8":
         from c2.quant import mxfp8
 
-        y = mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size)
+        y = mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl)
     else:
         y = einsum_f32("...k,kn->...n", x2, w2).astype(dtype)
     return y.reshape(*lead, *out_shape)

@@ -3,9 +3,12 @@
 Router: DeepSeek-V3 sigmoid scores with a bias-corrected, group-limited top-k, or Qwen3 softmax
 top-k. `routing` (expert indices [T, k]) forces the selection (router replay); gates are still
 gathered from the live, unmasked scores so the router gets gradients.
-Dispatch: tokens sorted by expert, grouped matmuls (`jax.lax.ragged_dot`), scattered back and
-weighted by gates. With an `expert` mesh axis > 1 the experts are sharded and tokens travel by an
-all-to-all inside `jax.shard_map` (a padded exchange: XLA:CPU has no ragged_all_to_all).
+Dispatch: tokens sorted by expert, grouped matmuls (`jax.lax.ragged_dot`, or each expert's rows
+padded to whole tiles where a tiled kernel runs them: the CPU, the grouped Pallas MXFP8 kernels),
+scattered back and weighted by gates. With an `expert` mesh axis > 1 the experts are sharded and
+tokens travel by an all-to-all inside `jax.shard_map` (ragged where the backend has it, padded
+on XLA:CPU). `router_impl="pallas"` computes gates and the sorted order with the router-replay
+kernel.
 """
 
 from __future__ import annotations
@@ -25,10 +28,18 @@ from c2.model.layers import einsum_f32, mlp
 # Router ---------------------------------------------------------------------------------------
 
 
+def router_logits(x_TH: jax.Array, p: dict) -> jax.Array:
+    """Router logits, float32 [T, E]."""
+    return jnp.dot(x_TH.astype(jnp.float32), p["router"].astype(jnp.float32))
+
+
+def _score(logits_TE: jax.Array, c: ModelConfig) -> jax.Array:
+    return jax.nn.sigmoid(logits_TE) if c.score_func == "sigmoid" else jax.nn.softmax(logits_TE, -1)
+
+
 def router_scores(x_TH: jax.Array, p: dict, c: ModelConfig) -> jax.Array:
     """Score function of the router logits, float32 [T, E]."""
-    logits = jnp.dot(x_TH.astype(jnp.float32), p["router"].astype(jnp.float32))
-    return jax.nn.sigmoid(logits) if c.score_func == "sigmoid" else jax.nn.softmax(logits, -1)
+    return _score(router_logits(x_TH, p), c)
 
 
 def select_experts(scores_TE: jax.Array, bias_E: jax.Array | None, c: ModelConfig) -> jax.Array:
@@ -56,10 +67,28 @@ def gate_weights(scores_TE: jax.Array, idx_TK: jax.Array, c: ModelConfig) -> jax
 
 
 def route(x_TH, p, c: ModelConfig, routing_TK=None):
-    """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32)."""
-    scores = router_scores(x_TH, p, c)
+    """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32, sorted pairs or None).
+
+    With `router_impl="pallas"` the router-replay kernel (pallas_kernels/router_replay.py) gathers
+    the gates from the logits and also returns the expert-sorted order of the (token, slot) pairs
+    and the per-expert counts, which the local dispatch reuses instead of sorting again.
+    """
+    logits = router_logits(x_TH, p)
+    scores = _score(logits, c)
     idx = select_experts(scores, p.get("router_bias"), c) if routing_TK is None else routing_TK
-    return idx.astype(jnp.int32), gate_weights(scores, idx, c), scores
+    idx = idx.astype(jnp.int32)
+    if c.router_impl == "pallas":
+        from pallas_kernels.router_replay import router_replay
+
+        pairs = router_replay(
+            logits,
+            idx,
+            score_func=c.score_func,
+            norm_topk_prob=c.norm_topk_prob,
+            routed_scaling_factor=c.routed_scaling_factor,
+        )
+        return idx, pairs.gates_TK, scores, pairs
+    return idx, gate_weights(scores, idx, c), scores, None
 
 
 def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
@@ -74,6 +103,7 @@ def balance_loss(scores_TE, idx_TK, c: ModelConfig, valid_T) -> jax.Array:
 
 
 CPU_TILE = 64  # rows per tile of the CPU grouped matmul (a multiple of the MXFP8 block)
+KERNEL_TILE = 128  # rows per tile of the grouped Pallas MXFP8 kernels on GPU
 
 
 # Expert computation ---------------------------------------------------------------------------
@@ -113,12 +143,14 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
     dtype = jnp.dtype(c.dtype)
 
     def mm(a, w):
-        a, w = a.astype(dtype), w[tile_group].astype(dtype)
+        a, w = a.astype(dtype), w.astype(dtype)
         if c.quant == "mxfp8":  # per tile = per group: tiles start on group (and block) bounds
             from c2.quant import mxfp8
 
-            return jax.vmap(lambda a, w: mxfp8.mxfp8_dot(a, w, block_size=c.mxfp8_block_size))(a, w)
-        return einsum_f32("tmk,tkn->tmn", a, w).astype(dtype)
+            return mxfp8.mxfp8_tiled_grouped_dot(
+                a, w, tile_group, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl
+            )
+        return einsum_f32("tmk,tkn->tmn", a, w[tile_group]).astype(dtype)
 
     h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
     yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)
@@ -129,19 +161,28 @@ def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
     """SwiGLU experts over rows sorted by expert: [N,H] -> [N,H]; rows past sum(sizes) give 0."""
     if jax.default_backend() == "cpu":
         return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=CPU_TILE)
+    if c.quant == "mxfp8" and c.mxfp8_impl == "pallas":  # the grouped kernels' layout
+        return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=KERNEL_TILE)
     h = jax.nn.silu(_ragged(x_NH, p["w_gate"], group_sizes_G, c))
     h = h * _ragged(x_NH, p["w_up"], group_sizes_G, c)
     return _ragged(h, p["w_down"], group_sizes_G, c)
 
 
-def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
-    """Dropless: sort (token, slot) pairs by expert, grouped matmuls, unsort, weight by gates."""
+def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
+    """Dropless: sort (token, slot) pairs by expert, grouped matmuls, unsort, weight by gates.
+
+    `pairs` (from the router-replay kernel) carries the sorted order, its inverse and the counts.
+    """
     T, K = idx_TK.shape
-    flat = idx_TK.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
-    y = grouped_mlp(x_TH[order // K], p, sizes, c)
-    y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
+    if pairs is None:
+        flat = idx_TK.reshape(-1)
+        order = jnp.argsort(flat, stable=True)
+        sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
+        y = grouped_mlp(x_TH[order // K], p, sizes, c)
+        y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
+    else:
+        y = grouped_mlp(x_TH[pairs.sort_idx // K], p, pairs.counts_E, c)
+        y_TKH = y[pairs.unsort_idx].reshape(T, K, -1)
     return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
 
 
@@ -268,14 +309,14 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
     B, T, H = x_BTH.shape
     x_TH = x_BTH.reshape(B * T, H)
     routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
-    idx, gates, scores = route(x_TH, p, c, routing)
+    idx, gates, scores, pairs = route(x_TH, p, c, routing)
     ep = sharding.axis_size(mesh, "expert")
     experts = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
     dropped = jnp.zeros((), jnp.int32)
     if c.moe_impl == "dense":
         y = _dispatch_dense(x_TH, idx, gates, experts, c)
     elif ep == 1:
-        y = _dispatch_local(x_TH, idx, gates, experts, c)
+        y = _dispatch_local(x_TH, idx, gates, experts, c, pairs)
     else:
         tok = P(sharding.BATCH_AXES, "context", None)
         fn = jax.shard_map(

@@ -82,6 +82,21 @@ def _check_tokens(tokens, c: ModelConfig):
         )
 
 
+def _check_routing(routing, c: ModelConfig, B: int, T: int) -> None:
+    """Replayed experts: the shape always; the values too when they are concrete (outside jit)."""
+    if routing.shape != (c.n_moe_layers, B, T, c.n_experts_per_token):
+        raise ValueError(
+            f"routing has shape {routing.shape}; expected "
+            f"[n_moe_layers={c.n_moe_layers}, {B}, {T}, k={c.n_experts_per_token}]"
+        )
+    from pallas_kernels.router_replay import check_routing
+
+    try:
+        check_routing(routing, c.n_experts, name="routing")
+    except jax.errors.TracerArrayConversionError:
+        pass  # traced: nothing reads out of bounds (tests/model/test_model_kernels.py)
+
+
 def forward(
     params,
     tokens,
@@ -104,11 +119,8 @@ def forward(
     positions = jnp.broadcast_to(positions, (B, T)).astype(jnp.int32)
     if segment_ids is None:
         segment_ids = jnp.ones((B, T), jnp.int32)
-    if routing is not None and routing.shape[:-1] != (c.n_moe_layers, B, T):
-        raise ValueError(
-            f"routing has shape {routing.shape}; expected "
-            f"[n_moe_layers={c.n_moe_layers}, {B}, {T}, k={c.n_experts_per_token}]"
-        )
+    if routing is not None:
+        _check_routing(routing, c, B, T)
     if mesh is not None:
         sharding.check_divisible(
             mesh, batch=B, seq=T if cache is None else None, n_experts=c.n_experts
