@@ -196,21 +196,35 @@ def scaled_block_product(a, b, sa_bits, sb_bits, upcast: bool) -> jax.Array:
     return partial * (scale_a[:, None] * scale_b[None, :])
 
 
-def _matmul_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: int, upcast: bool):
-    """a_ref [bm, Kp], sa_ref [Kp/bs, bm] (scale bytes), b_ref [bn, Kp], sb_ref [Kp/bs, bn]."""
-    blocks_per_step = bk // bs
+def accumulate_blocks(operands, shape, *, first, steps, blocks_per_step: int, bs: int, upcast):
+    """fp32 [shape] sum of `scaled_block_product` over the K blocks (first + s) * blocks_per_step
+    + j for s < steps (a traced count is fine) and j < blocks_per_step (unrolled).
+
+    `operands(kb, cols)` returns (a [m, bs], b [n, bs], sa_bits [m], sb_bits [n]) of K block kb,
+    whose elements are `cols` = pl.ds(kb * bs, bs) along the contraction axis.
+    """
 
     def step(s, acc):
         for j in range(blocks_per_step):
-            kb = s * blocks_per_step + j
-            cols = pl.ds(kb * bs, bs)
-            acc = acc + scaled_block_product(
-                a_ref[:, cols], b_ref[:, cols], sa_ref[kb, :], sb_ref[kb, :], upcast
-            )
+            kb = (first + s) * blocks_per_step + j
+            cols = pl.ds(pl.multiple_of(kb * bs, bs), bs)
+            acc = acc + scaled_block_product(*operands(kb, cols), upcast)
         return acc
 
-    acc = jnp.zeros(o_ref.shape, jnp.float32)
-    acc = lax.fori_loop(0, a_ref.shape[1] // bk, step, acc)
+    return lax.fori_loop(0, steps, step, jnp.zeros(shape, jnp.float32))
+
+
+def _matmul_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: int, upcast: bool):
+    """a_ref [bm, Kp], sa_ref [Kp/bs, bm] (scale bytes), b_ref [bn, Kp], sb_ref [Kp/bs, bn]."""
+    acc = accumulate_blocks(
+        lambda kb, cols: (a_ref[:, cols], b_ref[:, cols], sa_ref[kb, :], sb_ref[kb, :]),
+        o_ref.shape,
+        first=0,
+        steps=a_ref.shape[1] // bk,
+        blocks_per_step=bk // bs,
+        bs=bs,
+        upcast=upcast,
+    )
     o_ref[...] = acc.astype(o_ref.dtype)
 
 

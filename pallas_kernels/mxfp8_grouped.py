@@ -38,8 +38,8 @@ from pallas_kernels.mxfp8 import (
     _compiler_params,
     _pow2_tile,
     _round_up,
+    accumulate_blocks,
     padded_operand,
-    scaled_block_product,
 )
 
 
@@ -84,18 +84,15 @@ def _gmm_kernel(group_ref, a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: 
     """a_ref [tile_m, Kp] and sa_ref [Kp/bs, tile_m] of this tile; b_ref [G, bn, Kp] and sb_ref
     [G, Kp/bs, bn] hold every expert's slice of this N tile; the tile's expert picks one."""
     g = group_ref[pl.program_id(0)]
-    blocks_per_step = bk // bs
-
-    def step(s, acc):
-        for j in range(blocks_per_step):
-            kb = s * blocks_per_step + j
-            cols = pl.ds(kb * bs, bs)
-            acc = acc + scaled_block_product(
-                a_ref[:, cols], b_ref[g, :, cols], sa_ref[kb, :], sb_ref[g, kb, :], upcast
-            )
-        return acc
-
-    acc = lax.fori_loop(0, a_ref.shape[1] // bk, step, jnp.zeros(o_ref.shape, jnp.float32))
+    acc = accumulate_blocks(
+        lambda kb, cols: (a_ref[:, cols], b_ref[g, :, cols], sa_ref[kb, :], sb_ref[g, kb, :]),
+        o_ref.shape,
+        first=0,
+        steps=a_ref.shape[1] // bk,
+        blocks_per_step=bk // bs,
+        bs=bs,
+        upcast=upcast,
+    )
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
@@ -119,8 +116,8 @@ def gmm_nt(
     if bs < 16:
         raise ValueError(f"block_size={bs}: the matmul kernel needs >= 16 (tensor-core K)")
     _check_operand("a", qa_RK, sa_RKb, bs)
-    if qb_GNK.ndim != 3:
-        raise ValueError(f"b {qb_GNK.shape}: expected [groups, N, K]")
+    if qb_GNK.ndim != 3 or sb_GNKb.ndim != 3:
+        raise ValueError(f"b {qb_GNK.shape}, scale {sb_GNKb.shape}: expected [groups, N, K]")
     _check_operand(
         "b", qb_GNK.reshape(-1, qb_GNK.shape[2]), sb_GNKb.reshape(-1, sb_GNKb.shape[2]), bs
     )
@@ -188,18 +185,15 @@ def _tgmm_kernel(
     """a_ref [bm, R] and sa_ref [R/bs, bm]: a K slice of a^T; b_ref [bn, R], sb_ref [R/bs, bn];
     the loop runs over the tiles of group program_id(0) only (none: a zero block)."""
     g = pl.program_id(0)
-    first, blocks_per_tile = first_ref[g], tile_m // bs
-
-    def step(t, acc):
-        for j in range(blocks_per_tile):
-            rb = (first + t) * blocks_per_tile + j
-            rows = pl.ds(pl.multiple_of(rb * bs, bs), bs)
-            acc = acc + scaled_block_product(
-                a_ref[:, rows], b_ref[:, rows], sa_ref[rb, :], sb_ref[rb, :], upcast
-            )
-        return acc
-
-    acc = lax.fori_loop(0, count_ref[g], step, jnp.zeros(o_ref.shape, jnp.float32))
+    acc = accumulate_blocks(
+        lambda rb, rows: (a_ref[:, rows], b_ref[:, rows], sa_ref[rb, :], sb_ref[rb, :]),
+        o_ref.shape,
+        first=first_ref[g],
+        steps=count_ref[g],
+        blocks_per_step=tile_m // bs,
+        bs=bs,
+        upcast=upcast,
+    )
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
