@@ -4,16 +4,20 @@
 
 1. Correctness on the device: the MXFP8 quantise kernel (bitwise vs `c2.quant.mxfp8.quantize`),
    the block-scaled matmul (vs dequantise-then-dot, and vs `jax.nn.scaled_matmul` where it runs),
-   the MXFP8 training dot with impl="pallas" vs impl="xla" (forward and both gradients), and router
-   replay forward (exact integers, gates) and backward (vs the jnp reference's autodiff).
+   the grouped (expert) matmuls gmm/tgmm vs their references, the MXFP8 training ops (dense and
+   grouped) with impl="pallas" vs impl="xla" (forward and both gradients), router replay forward
+   (exact integers, gates) and backward (vs the jnp reference's autodiff), and the tiny model with
+   every kernel switched on (mxfp8_impl and router_impl "pallas") vs XLA ops: loss and gradients.
 2. Speed: TFLOP/s of the MXFP8 Pallas matmul (a few tile configs, best kept) vs XLA bf16 `jnp.dot`
-   vs `jax.nn.scaled_matmul` at M=N=K in --sizes (quantisation timed separately), and GB/s of
-   router replay vs its jnp reference at 64k tokens x 256 experts x top-8, next to the measured
-   copy bandwidth. Aims on an H200: MXFP8 >= 1.2x bf16 at 8192^3; router replay >= half of copy.
+   vs `jax.nn.scaled_matmul` at M=N=K in --sizes (quantisation timed separately); the expert
+   GEMM at a Kimi-K2 shape per device (--experts) as bf16 `lax.ragged_dot` vs the grouped MXFP8
+   kernel, forward alone and forward + both gradients; and GB/s of router replay vs its jnp
+   reference at 64k tokens x 256 experts x top-8, next to the measured copy bandwidth.
+   Aims on an H200: MXFP8 >= 1.2x bf16 at 8192^3; router replay >= half of copy.
 
 Every section is guarded: a failure (API drift, a kernel that does not compile) is recorded with its
 traceback in the JSON and the script goes on. Writes DIR/bench_gpu.json and prints a table.
-On a CPU it runs the same code in Pallas interpret mode; use tiny --sizes there (a smoke test).
+On a CPU it runs the same code in Pallas interpret mode: `--smoke` (tiny shapes) checks the script.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np  # noqa: E402
 
 from c2.quant import mxfp8 as mx  # noqa: E402
 from pallas_kernels import mxfp8 as pk  # noqa: E402
+from pallas_kernels import mxfp8_grouped as pg  # noqa: E402
 from pallas_kernels import router_replay as rr  # noqa: E402
 
 # Dense peaks (TFLOP/s) used only to report a fraction of peak; SXM parts.
@@ -63,7 +68,13 @@ def timed(fn, *args, iters: int) -> float:
 
 class Report:
     def __init__(self):
-        self.data = {"correctness": {}, "matmul": [], "router_replay": {}, "errors": []}
+        self.data = {
+            "correctness": {},
+            "matmul": [],
+            "grouped": {},
+            "router_replay": {},
+            "errors": [],
+        }
 
     def guard(self, section: str):
         report = self
@@ -98,11 +109,13 @@ def gates_grad(route_fn, logits, idx, weights, kw):
     return jax.jit(jax.grad(loss))(logits, idx)
 
 
-def check_kernels(report: Report, key):
+def check_kernels(report: Report, key, shrink: int = 1):
+    """Every kernel against its reference; `shrink` divides the shapes (a CPU smoke run)."""
     print("correctness on", jax.devices()[0].device_kind, flush=True)
+    d = lambda n: max(17, n // shrink)  # noqa: E731  (odd sizes stay odd: ragged tiles)
     k1, k2, k3, k4 = jax.random.split(key, 4)
-    x = jax.random.normal(k1, (1000, 776), jnp.float32) * jnp.exp(
-        jax.random.uniform(k2, (1000, 1), minval=-10, maxval=10)
+    x = jax.random.normal(k1, (d(1000), d(776)), jnp.float32) * jnp.exp(
+        jax.random.uniform(k2, (d(1000), 1), minval=-10, maxval=10)
     )
     x = x.at[:64, :64].set(0.0).at[100, 5].set(448.0).at[101, 9].set(464.0)
     for bs in (32, 16):
@@ -115,16 +128,16 @@ def check_kernels(report: Report, key):
             )
             report.check(f"quantize_bs{bs}_bitwise", same)
         with report.guard(f"matmul_nt bs={bs}"):
-            qa, sa = mx.quantize(x[:520], bs, axis=1)
-            qb, sb = mx.quantize(jax.random.normal(k3, (300, 776)) * 0.01, bs, axis=1)
+            qa, sa = mx.quantize(x[: d(520)], bs, axis=1)
+            qb, sb = mx.quantize(jax.random.normal(k3, (d(300), x.shape[1])) * 0.01, bs, axis=1)
             got = jax.jit(functools.partial(pk.matmul_nt, block_size=bs))(qa, sa, qb, sb)
             err = max_rel_err(got, pk.matmul_nt_reference(qa, sa, qb, sb, bs))
             # FP8 tensor cores sum each 32-long product in reduced precision (~2^-14).
             report.check(f"matmul_nt_bs{bs}", err < 1e-3, max_rel_err=err)
 
     with report.guard("scaled_matmul cross-check"):
-        a = jax.random.normal(k1, (512, 1024), jnp.float32)
-        b = jax.random.normal(k2, (256, 1024), jnp.float32)
+        a = jax.random.normal(k1, (d(512), d(1024)), jnp.float32)
+        b = jax.random.normal(k2, (d(256), d(1024)), jnp.float32)
         qa, sa = mx.quantize(a, 32, axis=1)
         qb, sb = mx.quantize(b, 32, axis=1)
         ours = jax.jit(pk.matmul_nt)(qa, sa, qb, sb)
@@ -133,9 +146,9 @@ def check_kernels(report: Report, key):
         report.check("matmul_nt_vs_jax_nn_scaled_matmul", err < 1e-3, max_rel_err=err)
 
     with report.guard("mxfp8_dot pallas vs xla"):
-        xd = jax.random.normal(k3, (300, 520), jnp.bfloat16)
-        wd = (jax.random.normal(k4, (520, 200)) * 0.05).astype(jnp.bfloat16)
-        dy = jax.random.normal(k1, (300, 200), jnp.bfloat16)
+        xd = jax.random.normal(k3, (d(300), d(520)), jnp.bfloat16)
+        wd = (jax.random.normal(k4, (d(520), d(200))) * 0.05).astype(jnp.bfloat16)
+        dy = jax.random.normal(k1, (d(300), d(200)), jnp.bfloat16)
 
         def run(impl):
             def f(x, w, dy):
@@ -147,9 +160,11 @@ def check_kernels(report: Report, key):
         errs = [max_rel_err(g, w) for g, w in zip(run("pallas"), run("xla"))]
         report.check("mxfp8_dot_pallas_vs_xla_y_dx_dw", max(errs) < 1e-2, max_rel_errs=errs)
 
+    check_grouped(report, k2, d)
+
     for score_func in ("sigmoid", "softmax"):
         with report.guard(f"router_replay {score_func}"):
-            t, e, k = 3000, 256, 8
+            t, e, k = d(3000), max(16, 256 // shrink), max(4, 8 // shrink)
             logits = jax.random.normal(k2, (t, e), jnp.float32)
             idx = rr.live_topk(logits, k, score_func=score_func)
             idx = idx.at[7, 3].set(e + 3)  # a dropped slot (inside jit)
@@ -175,6 +190,102 @@ def check_kernels(report: Report, key):
                 gate_err=gate_err,
                 grad_err=grad_err,
             )
+
+
+def tile_layout(sizes, tile_m: int) -> tuple[jax.Array, np.ndarray]:
+    """tile_group [T] and the padded-layout row of each sorted row, for per-group row counts."""
+    sizes = np.asarray(sizes)
+    tiles = -(-sizes // tile_m)
+    starts = np.concatenate([[0], np.cumsum(tiles * tile_m)[:-1]])
+    rows = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, sizes)])
+    return jnp.asarray(np.repeat(np.arange(len(sizes)), tiles), jnp.int32), rows
+
+
+def vjp_all(f, x, w, dy):
+    y, back = jax.vjp(f, x, w)
+    return (y, *back(dy))
+
+
+def check_grouped(report: Report, key, d):
+    k1, k2, k3 = jax.random.split(key, 3)
+    sizes, tile_m, k, n = [d(300), 0, d(517), d(64), 1], 128, d(776), d(520)
+    tg, rows = tile_layout(sizes, tile_m)
+    for bs in (32, 16):
+        with report.guard(f"gmm/tgmm bs={bs}"):
+            a = jax.random.normal(k1, (len(tg) * tile_m, k), jnp.float32)
+            b = jax.random.normal(k2, (len(sizes), n, k), jnp.float32) * 0.02
+            qa, sa = mx.quantize(a, bs, axis=1)
+            qb, sb = mx.quantize(b, bs, axis=2)
+            got = jax.jit(functools.partial(pg.gmm_nt, block_size=bs))(qa, sa, qb, sb, tg)
+            err_g = max_rel_err(got, pg.gmm_nt_reference(qa, sa, qb, sb, tg, bs))
+            dy = jax.random.normal(k3, (n, len(tg) * tile_m), jnp.float32)
+            qa, sa = mx.quantize(a.T, bs, axis=1)
+            qd, sd = mx.quantize(dy, bs, axis=1)
+            run = jax.jit(functools.partial(pg.tgmm_nt, num_groups=len(sizes), block_size=bs))
+            got = run(qa, sa, qd, sd, tg)
+            err_t = max_rel_err(got, pg.tgmm_nt_reference(qa, sa, qd, sd, tg, len(sizes), bs))
+            report.check(f"gmm_tgmm_bs{bs}", max(err_g, err_t) < 1e-3, errs=[err_g, err_t])
+    with report.guard("mxfp8_tiled_grouped_dot pallas vs xla"):
+        x = jax.random.normal(k1, (len(tg), tile_m, k), jnp.bfloat16)
+        w = (jax.random.normal(k2, (len(sizes), k, n)) * 0.05).astype(jnp.bfloat16)
+        dy = jax.random.normal(k3, (len(tg), tile_m, n), jnp.bfloat16)
+
+        def run(impl):
+            f = lambda x, w: mx.mxfp8_tiled_grouped_dot(x, w, tg, impl=impl)  # noqa: E731
+            return jax.jit(functools.partial(vjp_all, f))(x, w, dy)
+
+        errs = [max_rel_err(g, w) for g, w in zip(run("pallas"), run("xla"))]
+        report.check("mxfp8_tiled_grouped_dot_pallas_vs_xla", max(errs) < 1e-2, errs=errs)
+    with report.guard("tiny model with every kernel"):
+        from c2 import model
+
+        c = model.presets.get("tiny_kimi_k2", dtype="float32", quant="mxfp8")
+        params = model.init_params(c, key)
+        toks = jax.random.randint(k1, (4, d(256)), 0, c.vocab_size, jnp.int32)
+
+        def loss(p, c):
+            logits, _ = model.forward(p, toks, c)
+            return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 7])
+
+        step = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+        want = step(params, c)
+        got = step(params, c.replace(mxfp8_impl="pallas", router_impl="pallas"))
+        errs = [max_rel_err(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+        report.check("tiny_model_pallas_vs_xla_loss_and_grads", max(errs) < 1e-3, max_err=max(errs))
+
+
+def bench_grouped(report: Report, experts: int, rows: int, k: int, n: int, iters: int, key):
+    """The expert GEMM per device: `rows` routed rows over `experts` local experts (balanced)."""
+    out = report.data["grouped"]
+    sizes = np.full(experts, rows // experts)
+    sizes[: rows % experts] += 1
+    tg, idx = tile_layout(sizes, 128)
+    out.update(experts=experts, rows=rows, K=k, N=n, padded_rows=len(tg) * 128)
+    flops = 2.0 * rows * k * n
+    k1, k2, k3 = jax.random.split(key, 3)
+    x = jax.random.normal(k1, (rows, k), jnp.bfloat16)
+    w = (jax.random.normal(k2, (experts, k, n)) * 0.02).astype(jnp.bfloat16)
+    dy = jax.random.normal(k3, (rows, n), jnp.bfloat16)
+    x_t = jnp.zeros((len(tg) * 128, k), x.dtype).at[idx].set(x).reshape(len(tg), 128, k)
+    dy_t = jnp.zeros((len(tg) * 128, n), x.dtype).at[idx].set(dy).reshape(len(tg), 128, n)
+    gs = jnp.asarray(sizes, jnp.int32)
+    ragged = lambda x, w: jax.lax.ragged_dot(  # noqa: E731
+        x, w, gs, preferred_element_type=jnp.float32
+    ).astype(x.dtype)
+    tiled = lambda x, w: mx.mxfp8_tiled_grouped_dot(x, w, tg, impl="pallas")  # noqa: E731
+    for name, f, xs, dys in (
+        ("bf16_ragged_dot", ragged, x, dy),
+        ("mxfp8_pallas", tiled, x_t, dy_t),
+    ):
+        with report.guard(f"grouped {name}"):
+            out[f"{name}_fwd_tflops"] = flops / timed(jax.jit(f), xs, w, iters=iters) / 1e12
+            train = jax.jit(functools.partial(vjp_all, f))
+            out[f"{name}_fwd_bwd_tflops"] = 3 * flops / timed(train, xs, w, dys, iters=iters) / 1e12
+    for kind in ("fwd", "fwd_bwd"):
+        a, b = out.get(f"mxfp8_pallas_{kind}_tflops"), out.get(f"bf16_ragged_dot_{kind}_tflops")
+        if a and b:
+            out[f"mxfp8_over_bf16_{kind}"] = a / b
+    print("  ", out, flush=True)
 
 
 def bench_matmul(report: Report, sizes, iters: int, key):
@@ -270,8 +381,9 @@ def print_table(data):
         quant = r.get("quantize_ms_per_operand")
         cells.append("-" if quant is None else f"{quant:.3f}")
         print("".join(f"{c:>11}" for c in cells))
-    rp = data["router_replay"]
-    print("\nRouter replay", {k: round(v, 3) if isinstance(v, float) else v for k, v in rp.items()})
+    rnd = lambda d: {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+    print("\nExpert GEMM (TFLOP/s on routed rows)", rnd(data["grouped"]))
+    print("\nRouter replay", rnd(data["router_replay"]))
     bad = [k for k, v in data["correctness"].items() if not v["ok"]]
     print(f"\ncorrectness: {len(data['correctness']) - len(bad)} ok, failed: {bad or 'none'}")
     print(f"errors: {[e['section'] for e in data['errors']] or 'none'}")
@@ -282,9 +394,23 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="directory for bench_gpu.json")
     parser.add_argument("--sizes", default="4096,8192", help="M=N=K values, comma separated")
     parser.add_argument("--router", default="65536,256,8", help="tokens,experts,top_k")
+    parser.add_argument(
+        "--experts",
+        default="48,32768,7168,2048",
+        help="local experts,routed rows,K,N of the expert GEMM (Kimi-K2 at EP8: 384/8 experts, "
+        "d_model 7168, expert width 2048)",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--skip-correctness", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny shapes everywhere, one iteration: runs the whole script on a CPU in interpret "
+        "mode (what tests/pallas_kernels/test_bench_gpu.py does), numbers meaningless",
+    )
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.router, args.experts, args.iters = "96", "300,16,4", "4,200,64,48", 1
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = Report()
@@ -300,9 +426,11 @@ def main(argv=None):
     key = jax.random.key(0)
     t0 = time.perf_counter()
     if not args.skip_correctness:
-        check_kernels(report, key)
+        check_kernels(report, key, shrink=8 if args.smoke else 1)
     print("matmul", flush=True)
     bench_matmul(report, [int(s) for s in args.sizes.split(",")], args.iters, key)
+    print("expert GEMM", flush=True)
+    bench_grouped(report, *(int(v) for v in args.experts.split(",")), args.iters, key)
     print("router replay", flush=True)
     tokens, experts, top_k = (int(v) for v in args.router.split(","))
     bench_router(report, tokens, experts, top_k, args.iters, key)
