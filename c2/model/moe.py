@@ -143,14 +143,16 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
     dtype = jnp.dtype(c.dtype)
 
     def mm(a, w):
-        a, w = a.astype(dtype), w.astype(dtype)
+        # Weights are gathered per tile in their own (master) dtype and cast after: the gather's
+        # gradient sums the tiles of an expert in float32, not in the compute dtype.
+        a = a.astype(dtype)
         if c.quant == "mxfp8":  # per tile = per group: tiles start on group (and block) bounds
             from c2.quant import mxfp8
 
             return mxfp8.mxfp8_tiled_grouped_dot(
                 a, w, tile_group, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl
             )
-        return einsum_f32("tmk,tkn->tmn", a, w[tile_group]).astype(dtype)
+        return einsum_f32("tmk,tkn->tmn", a, w[tile_group].astype(dtype)).astype(dtype)
 
     h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
     yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)

@@ -396,7 +396,7 @@ def _tiled(x_RK, w_GKN, tile_group_T, bs):
 def _tiled_fwd(x_RK, w_GKN, tile_group_T, bs):
     kernels, grouped = _pallas_kernels(), _pallas_kernels("mxfp8_grouped")
     qx = kernels.quantize(x_RK, bs, rowwise=True, colwise=False)
-    qw = _quantize_groups(w_GKN, bs, rowwise=False, colwise=True)  # [G, N, K], blocks along K
+    qw = _quantize_groups(w_GKN.astype(x_RK.dtype), bs, rowwise=False, colwise=True)  # [G,N,K]
     y = grouped.gmm_nt(
         qx.q_row, qx.s_row, qw.q_colT, qw.s_colT, tile_group_T, bs, out_dtype=x_RK.dtype
     )
@@ -407,7 +407,7 @@ def _tiled_bwd(bs, res, dy_RN):
     x_RK, w_GKN, tile_group_T = res
     kernels, grouped = _pallas_kernels(), _pallas_kernels("mxfp8_grouped")
     qdy = kernels.quantize(dy_RN, bs, rowwise=True, colwise=True)  # one pass, both layouts
-    qw = _quantize_groups(w_GKN, bs, rowwise=True, colwise=False)  # [G, K, N], blocks along N
+    qw = _quantize_groups(w_GKN.astype(x_RK.dtype), bs, rowwise=True, colwise=False)  # [G,K,N]
     dx = grouped.gmm_nt(
         qdy.q_row, qdy.s_row, qw.q_row, qw.s_row, tile_group_T, bs, out_dtype=x_RK.dtype
     )
@@ -441,6 +441,8 @@ def mxfp8_tiled_grouped_dot(
 
     Tiles are sorted by group (tile_group nondecreasing) and M is a multiple of the block size, so
     the weight gradient's blocks along tokens restart at each group, as in `mxfp8_ragged_dot`.
+    w is cast to x's dtype (the compute dtype) before it is quantised; y has x's dtype and dw
+    w's, summed over each group's tiles in float32.
     "xla": one `mxfp8_dot` per tile with that tile's gathered weights; "pallas": the grouped
     kernels, which read each tile's weights in place.
     """
@@ -461,10 +463,9 @@ def mxfp8_tiled_grouped_dot(
     if tile_m % bs:
         raise ValueError(f"x {x_TMK.shape}: tile rows {tile_m} are not a multiple of {bs}")
     tile_group_T = tile_group_T.astype(jnp.int32)
-    if impl == "xla":
-        return jax.vmap(lambda a, w: _dot(a, w, bs, "xla"))(
-            *_vary_like((x_TMK, w_GKN[tile_group_T]))
-        )
+    if impl == "xla":  # gathered in w's dtype, then cast: the tiles' gradients sum in w's dtype
+        x_TMK, w_TKN = _vary_like((x_TMK, w_GKN[tile_group_T]))
+        return jax.vmap(lambda a, w: _dot(a, w.astype(a.dtype), bs, "xla"))(x_TMK, w_TKN)
     x_TMK, w_GKN = _vary_like((x_TMK, w_GKN), tile_group_T)
     y = _tiled(x_TMK.reshape(num_tiles * tile_m, k), w_GKN, tile_group_T, bs)
     return y.reshape(num_tiles, tile_m, w_GKN.shape[2])

@@ -243,6 +243,31 @@ def test_tiled_grouped_mlp_equals_ragged_dot(tile):
     chex.assert_trees_all_close(g_t, g_r, atol=1e-4)
 
 
+@pytest.mark.parametrize("tile", [4, 64])
+def test_tiled_grouped_mlp_sums_expert_gradients_in_float32(tile):
+    """bf16 compute, float32 master weights: an expert's weight gradient is summed over its tiles
+    in float32 (the weights are gathered per tile before the cast), so 128 tiles of 4 rows are as
+    accurate as 8 of 64. Summing in bf16 gave 1.45% here at tile 4 against 0.63% at tile 64."""
+    c = model.presets.get("tiny_qwen3_moe", dtype="float32")
+    p = model.init_params(c, jax.random.key(0))["moe_layers"]["mlp"]
+    p = {k: p[k][0] for k in ("w_gate", "w_up", "w_down")}
+    sizes = jnp.zeros(c.n_experts, jnp.int32).at[3].set(512)
+    x = jax.random.normal(jax.random.key(1), (512, c.d_model)).astype(jnp.bfloat16)
+    r = jax.random.normal(jax.random.key(2), (512, c.d_model))
+
+    def grads(c, tile):
+        def f(p):
+            y = moe._tiled_grouped_mlp(x.astype(jnp.float32), p, sizes, c, tile)
+            return jnp.sum(y.astype(jnp.float32) * r)
+
+        return jax.jit(jax.grad(f))(p)
+
+    want, got = grads(c, 64), grads(c.replace(dtype="bfloat16"), tile)
+    for name in got:
+        err = jnp.linalg.norm(got[name][3] - want[name][3]) / jnp.linalg.norm(want[name][3])
+        assert float(err) < 0.008, (name, float(err))
+
+
 @pytest.mark.gpu
 def test_ragged_exchange_equals_padded():
     """ragged_all_to_all expert exchange (GPU/TPU) equals the padded one, forward and backward."""
