@@ -7,7 +7,8 @@
    the grouped (expert) matmuls gmm/tgmm vs their references, the MXFP8 training ops (dense and
    grouped) with impl="pallas" vs impl="xla" (forward and both gradients), router replay forward
    (exact integers, gates) and backward (vs the jnp reference's autodiff), and the tiny model with
-   every kernel switched on (mxfp8_impl and router_impl "pallas") vs XLA ops: loss and gradients.
+   the kernels switched on (router_impl, then also mxfp8_impl "pallas") vs XLA ops: loss and
+   gradients.
 2. Speed: TFLOP/s of the MXFP8 Pallas matmul (a few tile configs, best kept) vs XLA bf16 `jnp.dot`
    vs `jax.nn.scaled_matmul` at M=N=K in --sizes (quantisation timed separately); the expert
    GEMM at a Kimi-K2 shape per device (--experts) as bf16 `lax.ragged_dot` vs the grouped MXFP8
@@ -236,22 +237,53 @@ def check_grouped(report: Report, key, d):
 
         errs = [max_rel_err(g, w) for g, w in zip(run("pallas"), run("xla"))]
         report.check("mxfp8_tiled_grouped_dot_pallas_vs_xla", max(errs) < 1e-2, errs=errs)
-    with report.guard("tiny model with every kernel"):
-        from c2 import model
+    with report.guard("tiny model with the kernels"):
+        check_model(report, key, toks_shape=(4, d(256)))
 
-        c = model.presets.get("tiny_kimi_k2", dtype="float32", quant="mxfp8")
-        params = model.init_params(c, key)
-        toks = jax.random.randint(k1, (4, d(256)), 0, c.vocab_size, jnp.int32)
 
-        def loss(p, c):
-            logits, _ = model.forward(p, toks, c)
-            return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 7])
+def rel_l2(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
-        step = jax.jit(jax.value_and_grad(loss), static_argnums=1)
-        want = step(params, c)
-        got = step(params, c.replace(mxfp8_impl="pallas", router_impl="pallas"))
-        errs = [max_rel_err(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
-        report.check("tiny_model_pallas_vs_xla_loss_and_grads", max(errs) < 1e-3, max_err=max(errs))
+
+def check_model(report: Report, key, toks_shape):
+    """The tiny Kimi-K2 with the kernels on vs XLA ops: loss and every parameter's gradient.
+
+    Router replay (float32 model): equal to float32 rounding. MXFP8 cannot be compared that way:
+    a last-bit difference in any partial sum (FP8 tensor cores sum in another order than XLA)
+    flips later E4M3 roundings, and gradients move by percents (15% on some leaves at init on
+    CPU). So each MXFP8 implementation is measured against the unquantised model instead: the
+    kernels' gradient error must be about the XLA path's (a broken kernel is O(1) away).
+    """
+    from c2 import model
+
+    c = model.presets.get("tiny_kimi_k2", dtype="float32")
+    params = model.init_params(c, key)
+    toks = jax.random.randint(key, toks_shape, 0, c.vocab_size, jnp.int32)
+
+    def loss(p, c):
+        logits, _ = model.forward(p, toks, c)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 7])
+
+    step = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    want, got = step(params, c), step(params, c.replace(router_impl="pallas"))
+    errs = [max_rel_err(g, w) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+    report.check("tiny_model_router_kernel_vs_xla", max(errs) < 1e-4, max_err=max(errs))
+    exact = jax.tree.leaves(step(params, c.replace(dtype="bfloat16"))[1])
+    c = c.replace(dtype="bfloat16", quant="mxfp8")
+    xla = step(params, c)
+    kernels = step(params, c.replace(mxfp8_impl="pallas", router_impl="pallas"))
+    loss_err = abs(float(kernels[0]) - float(xla[0])) / abs(float(xla[0]))
+    worst = 0.0  # largest excess of the kernels' gradient error over the XLA path's
+    for e, x, k in zip(exact, jax.tree.leaves(xla[1]), jax.tree.leaves(kernels[1])):
+        if float(jnp.linalg.norm(e)) > 0:
+            worst = max(worst, rel_l2(k, e) - 1.5 * rel_l2(x, e))
+    report.check(
+        "tiny_model_mxfp8_kernels_vs_xla",
+        loss_err < 1e-3 and worst < 0.02,
+        loss_err=loss_err,
+        grad_error_excess=worst,
+    )
 
 
 def bench_grouped(report: Report, experts: int, rows: int, k: int, n: int, iters: int, key):

@@ -228,6 +228,14 @@ def _matmul_kernel(a_ref, sa_ref, b_ref, sb_ref, o_ref, *, bs: int, bk: int, upc
     o_ref[...] = acc.astype(o_ref.dtype)
 
 
+def matmul_block_size(block_size) -> int:
+    """The block size of a matmul kernel: an MX block size of at least 16 (tensor-core K)."""
+    bs = mx.check_block_size(block_size)
+    if bs < 16:
+        raise ValueError(f"block_size={bs}: the matmul kernel needs >= 16 (tensor-core K)")
+    return bs
+
+
 def _check_operand(name: str, q: jax.Array, s: jax.Array, bs: int) -> None:
     if q.ndim != 2 or q.dtype != numerics.ELEMENT_DTYPE:
         raise ValueError(f"{name} {q.shape} {q.dtype}: expected a 2-D float8_e4m3fn array")
@@ -271,9 +279,7 @@ def matmul_nt(
 
     Partial products per K block in fp32 on FP8 tensor cores, scaled and accumulated in fp32.
     """
-    bs = mx.check_block_size(block_size)
-    if bs < 16:
-        raise ValueError(f"block_size={bs}: the matmul kernel needs >= 16 (tensor-core K)")
+    bs = matmul_block_size(block_size)
     _check_operand("a", qa_MK, sa_MKb, bs)
     _check_operand("b", qb_NK, sb_NKb, bs)
     if qa_MK.shape[1] != qb_NK.shape[1]:

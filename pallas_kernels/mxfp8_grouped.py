@@ -39,6 +39,7 @@ from pallas_kernels.mxfp8 import (
     _pow2_tile,
     _round_up,
     accumulate_blocks,
+    matmul_block_size,
     padded_operand,
 )
 
@@ -112,9 +113,7 @@ def gmm_nt(
     interpret: bool | None = None,
 ) -> jax.Array:
     """[R, N]: row tile t times expert tile_group[t]'s b, from MXFP8 operands blocked along K."""
-    bs = mx.check_block_size(block_size)
-    if bs < 16:
-        raise ValueError(f"block_size={bs}: the matmul kernel needs >= 16 (tensor-core K)")
+    bs = matmul_block_size(block_size)
     _check_operand("a", qa_RK, sa_RKb, bs)
     if qb_GNK.ndim != 3 or sb_GNKb.ndim != 3:
         raise ValueError(f"b {qb_GNK.shape}, scale {sb_GNKb.shape}: expected [groups, N, K]")
@@ -214,9 +213,7 @@ def tgmm_nt(
     interpret: bool | None = None,
 ) -> jax.Array:
     """[G, K, N]: per group, a's columns times b's columns over that group's row tiles."""
-    bs = mx.check_block_size(block_size)
-    if bs < 16:
-        raise ValueError(f"block_size={bs}: the matmul kernel needs >= 16 (tensor-core K)")
+    bs = matmul_block_size(block_size)
     _check_operand("a", qa_KR, sa_KRb, bs)
     _check_operand("b", qb_NR, sb_NRb, bs)
     if qa_KR.shape[1] != qb_NR.shape[1]:

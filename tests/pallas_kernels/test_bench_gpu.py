@@ -23,7 +23,7 @@ def test_bench_gpu_smoke_run_passes_every_check(tmp_path):
     assert not failed, {name: data["correctness"][name] for name in failed}
     # XLA:CPU has no scaled_matmul: its two sections fail there, and nothing else may.
     on_gpu = jax.default_backend() == "gpu"
-    assert len(data["correctness"]) == (12 if on_gpu else 11)
+    assert len(data["correctness"]) == (13 if on_gpu else 12)
     errors = sorted(e["section"] for e in data["errors"])
     assert errors == ([] if on_gpu else ["jax.nn.scaled_matmul 96", "scaled_matmul cross-check"])
     for key in ("mxfp8_pallas_tflops", "bf16_tflops", "quantize_ms_per_operand"):
