@@ -92,7 +92,7 @@ def parse_tool_calls(text: str) -> list[ToolCall | InvalidToolCall]:
     """Every `<tool_call>` block of a model message, validated against the tool schemas."""
     calls: list[ToolCall | InvalidToolCall] = []
     for m in _CALL_RE.finditer(text):
-        calls.append(_validate(m.group(1).strip()))
+        calls.append(validate_tool_call(m.group(1).strip()))
     dangling = text.count("<tool_call>") - len(calls)
     if dangling > 0:
         calls.append(
@@ -101,7 +101,8 @@ def parse_tool_calls(text: str) -> list[ToolCall | InvalidToolCall]:
     return calls
 
 
-def _validate(raw: str) -> ToolCall | InvalidToolCall:
+def validate_tool_call(raw: str) -> ToolCall | InvalidToolCall:
+    """One call's JSON text (what sits between the tags) checked against the tool schemas."""
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as e:

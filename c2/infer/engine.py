@@ -278,9 +278,19 @@ class Engine:
             self._pending_update = (params, int(version))
 
     def has_work(self) -> bool:
-        return bool(self._queue) or any(
+        """True when `step` would make progress: a slot is generating, or a queued prompt has a
+        free slot. Multi-turn sequences paused for tool output hold their slots; when they hold
+        them all, queued prompts wait (False) until one is extended or released: callers wait
+        for their tools instead of spinning on empty steps."""
+        active = any(
             s is not None and s.status in ("extending", "running", "flushing") for s in self._slots
         )
+        return active or (bool(self._queue) and self.free_slots > 0)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no sequence holds (a paused multi-turn sequence holds its slot)."""
+        return sum(s is None for s in self._slots)
 
     @property
     def stats(self) -> dict:

@@ -1,0 +1,189 @@
+"""Rollout samples: what an episode hands the trainer, and their JSONL records (a contract).
+
+One `Sample` per episode (per segment, once episodes are chains). Per token: the ids exactly as
+the engine sampled and was fed, the loss mask (1 on generated ids), the behaviour logprob (the
+sampling distribution's, 0 elsewhere), the policy version that produced it (-1 elsewhere) and the
+routed experts. Per sample: the sampling settings, so the trainer recomputes logprobs under the
+same distribution, the reward terms and the grade.
+
+On disk, `<stage workdir>/rollouts/<name>.jsonl` holds one line per sample with the contract
+fields `prompt_id, group_id, sample_index, tokens, loss_mask, logprobs, versions, reward,
+reward_terms, passed, trained_step` (and more, below); routed experts go to a binary side file
+`<name>.routing.npy.zst` (zstd-compressed `.npy` of every sample's [T, L_moe, k] rows end to end),
+located by each record's `routing` entry {file, offset, length}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import zstandard
+
+CONTRACT_FIELDS = (
+    "prompt_id",
+    "group_id",
+    "sample_index",
+    "tokens",
+    "loss_mask",
+    "logprobs",
+    "versions",
+    "reward",
+    "reward_terms",
+    "passed",
+    "trained_step",
+)
+
+
+@dataclasses.dataclass
+class Sample:
+    """One episode as the trainer sees it (see the module doc). Arrays are [T] or [T, L, k]."""
+
+    prompt_id: str
+    group_id: str
+    sample_index: int
+    task_id: str
+    tokens: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # uint8 [T]: 1 on generated ids
+    logprobs: np.ndarray  # float32 [T]: behaviour logprob of generated ids, 0 elsewhere
+    versions: np.ndarray  # int32 [T]: policy version of generated ids, -1 elsewhere
+    routing: np.ndarray  # uint8/uint16 [T, L_moe, k]: experts each id was routed to
+    temperature: float
+    top_p: float
+    top_k: int
+    reward_terms: dict[str, float]  # task, style, communication, tool_call_penalty, ...
+    effort: dict[str, float]  # counts for the length penalty (c2.rl.objectives.EFFORT_TERMS)
+    passed: bool
+    stop_reason: str
+    failure_reason: str | None = None
+    reward: float | None = None  # the combined reward, set when the trainer scores it
+    trained_step: int | None = None
+    info: dict = dataclasses.field(default_factory=dict)  # turns, tool calls, grade, timings
+
+    def __post_init__(self):
+        T = len(self.tokens)
+        for name in ("loss_mask", "logprobs", "versions"):
+            if len(getattr(self, name)) != T:
+                raise ValueError(
+                    f"sample {self.group_id}/{self.sample_index}: {name} has "
+                    f"{len(getattr(self, name))} entries for {T} tokens"
+                )
+        if self.routing.ndim != 3 or len(self.routing) != T:
+            raise ValueError(
+                f"sample {self.group_id}/{self.sample_index}: routing {self.routing.shape} "
+                f"must be [T={T}, L_moe, k]"
+            )
+
+    @property
+    def length(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(np.sum(self.loss_mask))
+
+    @property
+    def min_version(self) -> int:
+        """The oldest policy version among the generated ids (-1 if none)."""
+        v = self.versions[self.loss_mask > 0]
+        return int(v.min()) if v.size else -1
+
+    def record(self, routing_ref: dict | None = None) -> dict:
+        """The JSONL record (contract fields first)."""
+        return {
+            "prompt_id": self.prompt_id,
+            "group_id": self.group_id,
+            "sample_index": self.sample_index,
+            "tokens": self.tokens.tolist(),
+            "loss_mask": self.loss_mask.astype(int).tolist(),
+            "logprobs": [round(float(x), 6) for x in self.logprobs],
+            "versions": self.versions.tolist(),
+            "reward": self.reward,
+            "reward_terms": self.reward_terms,
+            "passed": self.passed,
+            "trained_step": self.trained_step,
+            "task_id": self.task_id,
+            "sampling": {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k},
+            "effort": self.effort,
+            "stop_reason": self.stop_reason,
+            "failure_reason": self.failure_reason,
+            "routing": routing_ref,
+            "info": self.info,
+        }
+
+
+def _compress(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return zstandard.ZstdCompressor(level=3).compress(buf.getvalue())
+
+
+def _decompress(data: bytes) -> np.ndarray:
+    raw = zstandard.ZstdDecompressor().decompress(data)
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+
+
+def write_rollouts(directory: str | os.PathLike, name: str, samples: Sequence[Sample]) -> Path:
+    """`directory/name.jsonl` and its routing side file, each written whole then renamed into
+    place (a crash leaves the previous file or none, never half a file). Returns the JSONL path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    side = f"{name}.routing.npy.zst"
+    lines, offset = [], 0
+    for s in samples:
+        ref = {"file": side, "offset": offset, "length": s.length}
+        lines.append(json.dumps(s.record(ref)))
+        offset += s.length
+    if samples:
+        routing = np.concatenate([s.routing for s in samples])
+        tmp = directory / (side + ".tmp")
+        tmp.write_bytes(_compress(routing))
+        tmp.replace(directory / side)
+    path = directory / f"{name}.jsonl"
+    tmp = directory / f"{name}.jsonl.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    tmp.replace(path)
+    return path
+
+
+def read_rollouts(path: str | os.PathLike, *, with_routing: bool = True) -> list[dict]:
+    """The records of one rollouts JSONL; with_routing adds each record's [T, L, k] array as
+    record["routed_experts"]."""
+    path = Path(path)
+    records = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not a JSON record ({e})") from e
+            missing = [k for k in CONTRACT_FIELDS if k not in r]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: record lacks {missing}")
+            records.append(r)
+    if with_routing and records:
+        cache: dict[str, np.ndarray] = {}
+        for r in records:
+            ref = r.get("routing")
+            if ref is None:
+                continue
+            if ref["file"] not in cache:
+                side = path.parent / ref["file"]
+                if not side.is_file():
+                    raise FileNotFoundError(f"{path}: routing side file {side} is missing")
+                cache[ref["file"]] = _decompress(side.read_bytes())
+            rows = cache[ref["file"]][ref["offset"] : ref["offset"] + ref["length"]]
+            if len(rows) != len(r["tokens"]):
+                raise ValueError(
+                    f"{path}: routing of {r['group_id']}/{r['sample_index']} has {len(rows)} rows "
+                    f"for {len(r['tokens'])} tokens"
+                )
+            r["routed_experts"] = rows
+    return records
