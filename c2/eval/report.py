@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import platform
 from pathlib import Path
@@ -159,6 +160,52 @@ def findings(results: dict) -> list[str]:
     return lines
 
 
+RL_PLOTS = ("rewards", "penalties", "heldout", "mismatch", "throughput", "episodes")
+
+
+def _rl_section(stages: dict, workdir: Path) -> list[str]:
+    """Held-out pass@1 and best-of-K through each RL stage, the gain's 95% interval, its plots."""
+    out = []
+    for name, stage in stages.items():
+        if "rl" not in stage:
+            continue
+        path = workdir / name / "eval.jsonl"
+        evals = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+        out += ["", f"## RL stage `{name}`", ""]
+        if evals:
+            k = evals[0]["k"]
+            out += [
+                f"Held-out tasks (templates never trained on): {evals[0]['tasks']} tasks x {k} "
+                f"samples; 95% intervals over tasks.",
+                "",
+                f"| step | pass@1 | 95% interval | best-of-{k} | 95% interval |",
+                "|---|---|---|---|---|",
+            ]
+            for e in evals:
+                lo, hi = e["pass@1_ci95"]
+                blo, bhi = e[f"best_of_{k}_ci95"]
+                out.append(
+                    f"| {e['step']} | {_fmt(e['pass@1'])} | [{_fmt(lo)}, {_fmt(hi)}] | "
+                    f"{_fmt(e[f'best_of_{k}'])} | [{_fmt(blo)}, {_fmt(bhi)}] |"
+                )
+        final = workdir / name / "final_metrics.json"
+        gain = json.loads(final.read_text()).get("gain") if final.exists() else None
+        if gain:
+            lo, hi = gain["pass@1_delta_ci95"]
+            blo, bhi = gain["best_of_k_delta_ci95"]
+            out += [
+                "",
+                f"Gain from the RL start (paired over {gain['tasks']} tasks): pass@1 "
+                f"{gain['pass@1_delta']:+.3f} [{lo:+.3f}, {hi:+.3f}], best-of-K "
+                f"{gain['best_of_k_delta']:+.3f} [{blo:+.3f}, {bhi:+.3f}].",
+            ]
+        out.append("")
+        for plot in RL_PLOTS:
+            if (workdir / name / f"{plot}.png").exists():
+                out.append(f"![{name} {plot}]({name}/{plot}.png)")
+    return out
+
+
 def write_report(config, stages: dict, workdir: str | Path, results: dict, timings: dict) -> Path:
     """Writes DIR/report.md, DIR/training_curves.png and DIR/eval_bpb.png."""
     workdir = Path(workdir)
@@ -217,6 +264,7 @@ def write_report(config, stages: dict, workdir: str | Path, results: dict, timin
             f"{_fmt(r['bpb_long'])} | {_fmt(r.get('mtp1_acceptance'))} | "
             f"{_fmt(r.get('sft_bpb'))} |"
         )
+    out += _rl_section(stages, workdir)
     out += ["", "## Plots", ""]
     if curves:
         out += [f"![training curves]({curves.name})", ""]

@@ -133,7 +133,7 @@ def opt_state_shardings(abstract_opt, abstract_params, mesh):
     return jax.tree_util.tree_map_with_path(pick, abstract_opt)
 
 
-def _abstract_state(tx, task: Task):
+def abstract_state(tx, task: Task):
     """Sharded abstract params and optimiser state (the restore targets), and the latter's
     shardings."""
     abstract_params = _sharded(task.abstract_params)
@@ -154,7 +154,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     tc = config.train
     tx, schedule = make_optimizer(config.optimizer, tc.steps, task.abstract_params)
-    abstract_params, abstract_opt, opt_shardings = _abstract_state(tx, task)
+    abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
     ckpt = Checkpointer(
         workdir / "checkpoints", keep=tc.keep_checkpoints, async_save=tc.async_checkpoints
     )

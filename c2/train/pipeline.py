@@ -61,7 +61,12 @@ def validate_pipeline(
     stages = stage_configs(config, workdir)
     for name, stage in stages.items():
         try:
-            lm.validate(stage, num_devices or jax.device_count())
+            if "rl" in stage:
+                from c2.rl.config import validate_rl
+
+                validate_rl(stage, num_devices or jax.device_count())
+            else:
+                lm.validate(stage, num_devices or jax.device_count())
         except ConfigError as e:
             raise ConfigError(str(e).replace("config.", f"config.stages.{name}.", 1)) from e
     return stages
@@ -83,7 +88,12 @@ def merge_stage_metrics(workdir: Path, stage_names) -> list[dict]:
 
 
 def run_stage(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Trains (or resumes) one LM stage in `workdir`; returns its last metrics record."""
+    """Trains (or resumes) one stage in `workdir`: an RL stage (a config with `rl`) or an LM
+    stage; returns its last metrics record (the RL stage: its evaluation summary)."""
+    if "rl" in config:
+        from c2.rl import trainer as rl_trainer
+
+        return rl_trainer.run(config, workdir)
     return train(config, workdir, lm.build_task(config))
 
 

@@ -1,0 +1,183 @@
+"""The RL stage's config: a training stage (`c2.train.config.stage_defaults`) plus `rl`.
+
+`rl_stage_defaults()` is the schema (a field not in it is unknown; a value of another type is
+wrong); `validate_rl` checks everything before anything compiles and returns the typed pieces:
+the model config, the `ObjectiveConfig`, the `RolloutConfig`, the reward weights and effort
+weights. Messages name the field (`config.rl.group_size`, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import ml_collections
+
+from c2.rl.episodes import RolloutConfig
+from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
+from c2.train import lm
+from c2.train.config import ConfigError, stage_defaults, validate_stage
+
+# Reward terms the environment produces, besides the trainer's "kl" and "length_penalty".
+EPISODE_TERMS = ("task", "style", "communication", "tool_call_penalty")
+OBJECTIVE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(ObjectiveConfig) if f.name != "group_size"
+)
+
+
+def rl_stage_defaults() -> ml_collections.ConfigDict:
+    """Every field an RL stage understands, at its default value."""
+    c = stage_defaults()
+    c.name = "rl"
+    c.model.dtype = "float32"  # recorded and recomputed logprobs agree to ~1e-6 in float32
+    c.optimizer.lr = 1e-4
+    c.optimizer.schedule = "constant"
+    c.optimizer.warmup_steps = 2
+    c.optimizer.weight_decay = 0.0
+    c.train.steps = 60
+    c.train.checkpoint_every = 10
+    c.train.measure_peak = False
+    r = c.rl = ml_collections.ConfigDict()
+    # Prompts: "functions" (generated function tasks, c2.envs.functions, train split) or a
+    # directory of task directories; every prompt is used once (single epoch).
+    r.tasks = "functions"
+    r.heldout_tasks = "functions"  # the held-out split of the same source, or a directory
+    r.task_seed = 0
+    r.group_size = 8
+    r.prompts_per_step = 4
+    r.micro_batch_size = 8
+    r.seq_buckets = (256, 512)  # padded lengths (fixed shapes: no recompilation per step)
+    r.max_staleness = 0  # 0: synchronous (on-policy); the asynchronous orchestrator uses > 0
+    r.rollout = ml_collections.ConfigDict()
+    r.rollout.engine_slots = 16
+    r.rollout.max_turns = 4
+    r.rollout.max_tokens = 512
+    r.rollout.max_turn_tokens = 192
+    r.rollout.temperature = 1.0
+    r.rollout.top_p = 1.0
+    r.rollout.top_k = 0
+    r.rollout.tool_workers = 4
+    r.rollout.run_timeout_s = 20.0
+    r.objective = ml_collections.ConfigDict()
+    o = ObjectiveConfig(group_size=1, loss_constant=1.0)
+    for name in OBJECTIVE_FIELDS:
+        value = getattr(o, name)
+        r.objective[name] = -1.0 if value is None else value
+    r.objective.loss_constant = 0.0  # 0: group_size * the largest sequence bucket
+    r.objective.clip_low = -1.0  # -1: off (None)
+    r.objective.clip_high = -1.0
+    r.objective.mismatch_threshold = -1.0
+    # Reward weights (numbers; "task" is 1); the KL weight is objective.kl_beta.
+    r.rewards = ml_collections.ConfigDict()
+    r.rewards.style = 0.1
+    r.rewards.communication = 0.1
+    r.rewards.tool_call_penalty = 0.1
+    r.rewards.length_penalty = 0.0
+    r.rewards.length_k = 0.01
+    r.rewards.length_q = 0.5
+    r.effort = ml_collections.ConfigDict()
+    for name in EFFORT_TERMS:
+        r.effort[name] = getattr(EffortWeights(), name)
+    r.eval = ml_collections.ConfigDict()
+    r.eval.tasks = 50  # held-out tasks
+    r.eval.samples = 4  # per task: pass@1 and best-of-K with K = samples
+    r.eval.every = 0  # steps; 0: at the RL start and at the end only
+    return c
+
+
+def _without_rl(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The training-stage part of an RL config (what c2.train.lm understands)."""
+    base = copy.deepcopy(config)
+    with base.unlocked():
+        del base["rl"]
+    base.data.seq_len = max(config.rl.seq_buckets)
+    base.data.batch_size = config.rl.prompts_per_step * config.rl.group_size
+    return base
+
+
+def objective_config(config: ml_collections.ConfigDict) -> ObjectiveConfig:
+    r = config.rl
+    fields = {}
+    for name in OBJECTIVE_FIELDS:
+        value = r.objective[name]
+        if name in ("clip_low", "clip_high", "mismatch_threshold", "mismatch_quantile"):
+            value = None if value is not None and value < 0 else value
+        fields[name] = value
+    if not fields["loss_constant"]:
+        fields["loss_constant"] = float(r.group_size * max(r.seq_buckets))
+    try:
+        return ObjectiveConfig(group_size=r.group_size, **fields)
+    except ValueError as e:
+        raise ConfigError(f"config.rl.objective: {e}") from e
+
+
+def rollout_config(config: ml_collections.ConfigDict) -> RolloutConfig:
+    ro = config.rl.rollout
+    fields = {k: ro[k] for k in ro if k != "engine_slots"}
+    try:
+        return RolloutConfig(**fields)
+    except ValueError as e:
+        raise ConfigError(f"config.rl.rollout: {e}") from e
+
+
+def reward_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
+    w = config.rl.rewards
+    return {
+        k: float(w[k]) for k in ("style", "communication", "tool_call_penalty", "length_penalty")
+    }
+
+
+def effort_weights(config: ml_collections.ConfigDict) -> EffortWeights:
+    try:
+        return EffortWeights(**{k: float(v) for k, v in config.rl.effort.items()})
+    except ValueError as e:
+        raise ConfigError(f"config.rl.effort: {e}") from e
+
+
+def _positive(config, *names, allow_zero=False):
+    for name in names:
+        value = config.rl
+        for part in name.split("."):
+            value = value[part]
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"config.rl.{name}: expected {bound}, got {value!r}")
+
+
+def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_files: bool = True):
+    """The whole RL stage check: (mesh sizes, ModelConfig, ObjectiveConfig, RolloutConfig)."""
+    validate_stage(config, num_devices, schema=rl_stage_defaults())
+    r = config.rl
+    _positive(config, "group_size", "prompts_per_step", "micro_batch_size", "eval.tasks")
+    _positive(config, "eval.samples", "rollout.engine_slots", "rollout.tool_workers")
+    _positive(config, "max_staleness", "eval.every", "rewards.length_k", allow_zero=True)
+    for name in ("style", "communication", "tool_call_penalty", "length_penalty"):
+        _positive(config, f"rewards.{name}", allow_zero=True)
+    batch = r.prompts_per_step * r.group_size
+    if batch % r.micro_batch_size:
+        raise ConfigError(
+            f"config.rl.micro_batch_size={r.micro_batch_size} does not divide the batch "
+            f"prompts_per_step * group_size = {batch}"
+        )
+    buckets = tuple(r.seq_buckets)
+    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 2:
+        raise ConfigError(f"config.rl.seq_buckets={buckets}: expected increasing lengths >= 2")
+    if r.rollout.max_tokens > max(buckets):
+        raise ConfigError(
+            f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the largest "
+            f"sequence bucket {max(buckets)} (config.rl.seq_buckets)"
+        )
+    if r.max_staleness != 0:
+        raise ConfigError(
+            f"config.rl.max_staleness={r.max_staleness}: this stage trains on-policy (0); the "
+            "asynchronous orchestrator is not built yet"
+        )
+    if r.eval.samples < 1:
+        raise ConfigError("config.rl.eval.samples: expected >= 1")
+    mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
+    if r.rollout.max_tokens > cfg.max_seq_len:
+        raise ConfigError(
+            f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the model's "
+            f"max_seq_len={cfg.max_seq_len}"
+        )
+    return mesh_sizes, cfg, objective_config(config), rollout_config(config)

@@ -1,0 +1,339 @@
+"""Agent episodes on the generation engine, token in / token out (RECIPE §2-3).
+
+`EpisodeRunner.run(requests)` plays many episodes at once against one `Engine` (continuous
+batching) and a thread pool for the tools, the sandbox and grading:
+
+  prompt ids (AgentChat.prompt)  -> engine.submit(multi_turn=True)
+  a turn ends (<|im_end|>)       -> tool calls read from the generated ids (special-id tags)
+                                 -> tools run in the pool; outputs -> AgentChat.observation ids
+                                 -> engine.extend(rid, ids): appended as they are, masked out
+  submit / final message / limit -> engine.release(rid) -> Trajectory -> grade -> Sample
+
+The trainer sees exactly the ids the engine sampled and was fed: nothing is re-tokenised. Each
+episode holds one engine slot from submit to release, so at most `engine` slots episodes are in
+flight; when every one waits for its tools the loop waits on them (it never steps an idle engine).
+Budgets are checked before the engine would refuse: per turn (`max_turn_tokens`), per episode
+(`max_tokens`, prompt and observations included) and the engine's context (`max_len`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from c2.data.chat import AgentChat
+from c2.envs.episode import Episode, task_system_prompt
+from c2.envs.grading import grade
+from c2.envs.sandbox import Sandbox, SandboxLimits
+from c2.envs.tasks import Task
+from c2.envs.tools import InvalidToolCall, Tools, validate_tool_call
+from c2.infer.engine import Engine
+from c2.infer.records import Completion
+from c2.rl.records import Sample
+from c2.rl.rewards import effort_counts, reward_terms
+
+log = logging.getLogger(__name__)
+
+STOP_REASONS = (
+    "submit",  # the agent called submit
+    "final_message",  # a reply with no tool call
+    "max_turns",
+    "max_tokens",  # the episode's token budget (prompt + replies + observations)
+    "context",  # the engine's context (max_len) could not hold the next observation
+    "turn_budget",  # a reply ran out of max_turn_tokens before <|im_end|>
+    "prompt_too_long",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Episode budgets and sampling. Tokens count ids (the tokenizer's)."""
+
+    max_turns: int = 4
+    max_tokens: int = 1024
+    max_turn_tokens: int = 256
+    max_observation_chars: int = 2000
+    run_timeout_s: float = 20.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    tool_workers: int = 4
+    keep_workspaces: bool = False
+
+    def __post_init__(self):
+        for k in ("max_turns", "max_tokens", "max_turn_tokens", "max_observation_chars"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
+        if self.tool_workers < 1:
+            raise ValueError(f"RolloutConfig.tool_workers={self.tool_workers}: expected >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeRequest:
+    """One episode to play: the task and where its sample belongs."""
+
+    task: Task
+    prompt_id: str
+    group_id: str
+    sample_index: int
+
+
+@dataclasses.dataclass
+class _Live:
+    """An episode in flight."""
+
+    req: EpisodeRequest
+    ep: Episode
+    tools: Tools
+    prompt: np.ndarray | None = None
+    rid: int = -1  # the engine request id; -1 until submitted
+    trajectory: object = None  # the engine's Trajectory, once released
+    turns: list = dataclasses.field(default_factory=list)  # generated ids per turn
+    tool_output_tokens: int = 0
+    calls_after_submit: int = 0
+    t0: float = 0.0
+
+
+class EpisodeRunner:
+    """Plays episodes on one engine; see the module doc. Not thread-safe: one caller at a time
+    (the engine is driven from the calling thread only)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        chat: AgentChat,
+        sandbox: Sandbox,
+        workdir: str | Path,
+        config: RolloutConfig = RolloutConfig(),
+    ):
+        if not sandbox.isolated:
+            raise RuntimeError(
+                "episodes need a namespace sandbox; this machine has "
+                f"{sandbox.isolation.describe()}"
+            )
+        if chat.im_end not in engine.stop_tokens:
+            raise ValueError(
+                f"the engine must stop on <|im_end|> (id {chat.im_end}); its stop_tokens are "
+                f"{engine.stop_tokens}"
+            )
+        self.engine, self.chat, self.sandbox, self.config = engine, chat, sandbox, config
+        self.workdir = Path(workdir)
+        self.limit = min(config.max_tokens, engine.max_len)
+        self.stats: dict[str, float] = {}
+
+    # The loop --------------------------------------------------------------------------------
+
+    def run(
+        self,
+        requests: Sequence[EpisodeRequest],
+        on_sample: Callable[[Sample], None] | None = None,
+    ) -> list[Sample]:
+        """Plays every request; returns their samples in request order."""
+        pending = list(enumerate(requests))[::-1]
+        live: dict[int, tuple[int, _Live]] = {}  # rid -> (request index, episode)
+        futures: dict[cf.Future, tuple[str, int, _Live]] = {}
+        done: dict[int, Sample] = {}
+        t0 = time.perf_counter()
+        gen0 = self.engine.stats.get("generated_tokens", 0)
+        idle_s = 0.0
+        with cf.ThreadPoolExecutor(self.config.tool_workers, thread_name_prefix="tools") as pool:
+            while pending or live or futures:
+                while pending and self.engine.free_slots > 0:
+                    i, req = pending.pop()
+                    started = self._start(req)
+                    if started.rid < 0:  # the prompt does not fit: an empty, failed sample
+                        futures[pool.submit(self._grade, started)] = ("grade", i, started)
+                    else:
+                        live[started.rid] = (i, started)
+                if self.engine.has_work():
+                    for comp in self.engine.step():
+                        i, ep = live[comp.request_id]
+                        self._after_turn(ep, comp, i, pool, futures, live)
+                finished = [f for f in futures if f.done()]
+                if not finished and not self.engine.has_work() and futures:
+                    t_wait = time.perf_counter()
+                    finished, _ = cf.wait(list(futures), return_when=cf.FIRST_COMPLETED)
+                    idle_s += time.perf_counter() - t_wait
+                for f in finished:
+                    kind, i, ep = futures.pop(f)
+                    if kind == "tools":
+                        self._after_tools(ep, f.result(), i, pool, futures, live)
+                    else:
+                        sample = f.result()
+                        done[i] = sample
+                        if on_sample is not None:
+                            on_sample(sample)
+        wall = time.perf_counter() - t0
+        gen = self.engine.stats.get("generated_tokens", 0) - gen0
+        self.stats = {"episodes": len(requests), "wall_s": wall, "generated_tokens": gen}
+        self.stats |= {"engine_idle_s": idle_s, "generated_tokens_per_s": gen / max(wall, 1e-9)}
+        return [done[i] for i in range(len(requests))]
+
+    # Steps of one episode -------------------------------------------------------------------
+
+    def _start(self, req: EpisodeRequest) -> _Live:
+        task, c = req.task, self.config
+        episode_id = f"{req.group_id}-{req.sample_index}"
+        workspace = task.materialize(self.workdir / episode_id)
+        self.sandbox.give_workspace(workspace)
+        limits = SandboxLimits(timeout_s=c.run_timeout_s)
+        tools = Tools(
+            workspace,
+            self.sandbox,
+            mount_at=task.mount_at,
+            run_limits=limits,
+            max_run_timeout_s=c.run_timeout_s,
+            max_observation_chars=c.max_observation_chars,
+        )
+        system = task_system_prompt(task)
+        ep = Episode(episode_id, task.task_id, 0, workspace, [], [])
+        prompt = self.chat.prompt(system, task.instruction)
+        live = _Live(req, ep, tools, prompt=prompt, t0=time.monotonic())
+        if len(prompt) + 1 > self.limit:
+            ep.stop_reason = "prompt_too_long"
+            return live
+        live.rid = self.engine.submit(
+            prompt,
+            min(c.max_turn_tokens, self.limit - len(prompt)),
+            multi_turn=True,
+            temperature=c.temperature,
+            top_p=c.top_p,
+            top_k=c.top_k,
+        )
+        return live
+
+    def _after_turn(self, live: _Live, comp: Completion, i, pool, futures, running) -> None:
+        """A reply ended: read its tool calls and run them, or end the episode."""
+        ep, ids = live.ep, [int(t) for t in comp.tokens]
+        live.turns.append(ids)
+        ep.turns += 1
+        ep.model_tokens += len(ids)
+        if comp.finish_reason == "length" and (not ids or ids[-1] != self.chat.im_end):
+            budget_left = self.limit - self._length(live)
+            ep.stop_reason = "max_tokens" if budget_left <= 0 else "turn_budget"
+            self._finish(live, i, pool, futures, running)
+            return
+        spans, unclosed = self.chat.tool_call_spans(ids)
+        calls = [validate_tool_call(s.strip()) for s in spans]
+        if unclosed:
+            calls.append(InvalidToolCall("<tool_call>", "unclosed <tool_call>"))
+        if not calls:
+            ep.final_message, ep.stop_reason = self.chat.reply_text(ids), "final_message"
+            self._finish(live, i, pool, futures, running)
+            return
+        futures[pool.submit(self._run_tools, live, calls)] = ("tools", i, live)
+
+    def _run_tools(self, live: _Live, calls) -> list[str]:
+        """Runs one reply's calls in order (in a pool thread); returns their outputs."""
+        ep, outputs = live.ep, []
+        for n, call in enumerate(calls):
+            result = live.tools(call)
+            ep.tool_calls += 1
+            if isinstance(call, InvalidToolCall):
+                ep.invalid_tool_calls += 1
+            elif not result.ok and result.error is not None:
+                ep.tool_errors += 1
+            outputs.append(result.content)
+            if getattr(call, "name", None) == "submit":
+                ep.submitted, ep.final_message = True, call.arguments["message"]
+                ep.stop_reason = "submit"
+                live.calls_after_submit += len(calls) - n - 1
+                break
+        return outputs
+
+    def _after_tools(self, live: _Live, outputs, i, pool, futures, running) -> None:
+        ep, c = live.ep, self.config
+        if ep.submitted:
+            self._finish(live, i, pool, futures, running)
+            return
+        if ep.turns >= c.max_turns:
+            ep.stop_reason = "max_turns"
+            self._finish(live, i, pool, futures, running)
+            return
+        obs = self.chat.observation(outputs)
+        room = self.limit - self._length(live) - len(obs)
+        if room < 1:
+            ep.stop_reason = "context" if self.limit == self.engine.max_len else "max_tokens"
+            self._finish(live, i, pool, futures, running)
+            return
+        live.tool_output_tokens += len(obs)
+        self.engine.extend(live.rid, obs, min(c.max_turn_tokens, room))
+
+    def _length(self, live: _Live) -> int:
+        return len(live.prompt) + sum(len(t) for t in live.turns) + live.tool_output_tokens
+
+    def _finish(self, live: _Live, i, pool, futures, running) -> None:
+        """Release the engine slot (the trajectory is complete) and grade in the pool."""
+        live.trajectory = self.engine.release(live.rid)
+        del running[live.rid]
+        futures[pool.submit(self._grade, live)] = ("grade", i, live)
+
+    def _grade(self, live: _Live) -> Sample:
+        ep, req = live.ep, live.req
+        ep.sandbox_results = live.tools.sandbox_results
+        ep.wall_s = time.monotonic() - live.t0
+        record = grade(req.task, ep.workspace, self.sandbox, episode=ep)
+        terms = reward_terms(
+            record, ep.final_message, ep.invalid_tool_calls, live.calls_after_submit
+        )
+        effort = effort_counts(self.chat, live.turns, live.tool_output_tokens, ep.tool_calls)
+        traj = live.trajectory
+        if traj is None:  # never generated: the prompt alone, nothing to train
+            tokens = np.asarray(live.prompt, np.int32)
+            n, cfg = len(tokens), self.engine.cfg
+            traj_fields = dict(
+                tokens=tokens,
+                loss_mask=np.zeros(n, np.uint8),
+                logprobs=np.zeros(n, np.float32),
+                versions=np.full(n, -1, np.int32),
+                routing=np.zeros((n, cfg.n_moe_layers, cfg.n_experts_per_token), np.uint8),
+            )
+        else:
+            traj_fields = dict(
+                tokens=np.asarray(traj.token_ids, np.int32),
+                loss_mask=np.asarray(traj.generated, np.uint8),
+                logprobs=np.asarray(traj.logprobs, np.float32),
+                versions=np.asarray(traj.versions, np.int32),
+                routing=np.asarray(traj.routed_experts),
+            )
+        if not self.config.keep_workspaces:
+            shutil.rmtree(ep.workspace, ignore_errors=True)
+        c = self.config
+        return Sample(
+            prompt_id=req.prompt_id,
+            group_id=req.group_id,
+            sample_index=req.sample_index,
+            task_id=req.task.task_id,
+            **traj_fields,
+            temperature=float(c.temperature),
+            top_p=float(c.top_p),
+            top_k=int(c.top_k),
+            reward_terms=terms,
+            effort=effort,
+            passed=record.passed,
+            stop_reason=ep.stop_reason,
+            failure_reason=record.failure_reason,
+            info={
+                "episode_id": ep.episode_id,
+                "turns": ep.turns,
+                "tool_calls": ep.tool_calls,
+                "invalid_tool_calls": ep.invalid_tool_calls,
+                "calls_after_submit": live.calls_after_submit,
+                "tool_errors": ep.tool_errors,
+                "wall_s": round(ep.wall_s, 3),
+                "final_message": ep.final_message,
+                "quality": record.quality,
+                "correctness": {
+                    k: record.correctness[k]
+                    for k in ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
+                },
+                "sandbox_limits_hit": record.interaction["sandbox_limits_hit"],
+            },
+        )

@@ -1,0 +1,84 @@
+"""Held-out evaluation during RL: pass@1 and best-of-K over K samples per task, with intervals.
+
+Per task i with c_i of K samples correct: pass@1_i = c_i / K and best-of-K_i = pass@K = 1[c_i > 0]
+(the unbiased estimator with n = K). The 95% interval of a mean over tasks is the normal one,
+mean +- 1.96 * sd / sqrt(n_tasks) (tasks are the independent units; samples of one task are not).
+`compare` gives the paired difference of two evaluations of the same tasks (RL start vs now).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from c2.eval.passk import pass_at_k
+from c2.rl.records import Sample
+
+Z95 = 1.959963984540054
+
+
+def _interval(values: np.ndarray) -> tuple[float, float, float]:
+    mean = float(values.mean())
+    half = Z95 * float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return mean, mean - half, mean + half
+
+
+def per_task(samples: Sequence[Sample]) -> dict[str, list[bool]]:
+    out: dict[str, list[bool]] = defaultdict(list)
+    for s in samples:
+        out[s.task_id].append(bool(s.passed))
+    return dict(out)
+
+
+def summarize(samples: Sequence[Sample]) -> dict:
+    """pass@1 and best-of-K (K = samples per task) over tasks, with 95% intervals."""
+    tasks = per_task(samples)
+    if not tasks:
+        raise ValueError("summarize: no samples")
+    ks = {len(v) for v in tasks.values()}
+    if len(ks) != 1:
+        raise ValueError(f"summarize: tasks have different sample counts {sorted(ks)}")
+    K = ks.pop()
+    p1 = np.array([sum(v) / K for v in tasks.values()])
+    best = np.array([pass_at_k(K, sum(v), K) for v in tasks.values()])
+    m1, lo1, hi1 = _interval(p1)
+    mk, lok, hik = _interval(best)
+    terms = defaultdict(list)
+    for s in samples:
+        for name, v in s.reward_terms.items():
+            terms[name].append(v)
+    return {
+        "tasks": len(tasks),
+        "samples": len(samples),
+        "k": K,
+        "pass@1": m1,
+        "pass@1_ci95": [lo1, hi1],
+        f"best_of_{K}": mk,
+        f"best_of_{K}_ci95": [lok, hik],
+        "generated_tokens_mean": float(np.mean([s.generated_tokens for s in samples])),
+        **{f"term_{k}_mean": float(np.mean(v)) for k, v in sorted(terms.items())},
+        "per_task_passes": {t: int(sum(v)) for t, v in sorted(tasks.items())},
+    }
+
+
+def compare(before: dict, after: dict) -> dict:
+    """Paired difference after - before of pass@1 and best-of-K over the tasks both evaluated."""
+    common = sorted(set(before["per_task_passes"]) & set(after["per_task_passes"]))
+    if len(common) < 2:
+        raise ValueError("compare: fewer than 2 tasks evaluated in both")
+    K0, K1 = before["k"], after["k"]
+    b, a = before["per_task_passes"], after["per_task_passes"]
+    d1 = np.array([a[t] / K1 - b[t] / K0 for t in common])
+    dk = np.array([float(a[t] > 0) - float(b[t] > 0) for t in common])
+    m1, lo1, hi1 = _interval(d1)
+    mk, lok, hik = _interval(dk)
+    return {
+        "tasks": len(common),
+        "pass@1_delta": m1,
+        "pass@1_delta_ci95": [lo1, hi1],
+        "best_of_k_delta": mk,
+        "best_of_k_delta_ci95": [lok, hik],
+    }

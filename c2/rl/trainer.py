@@ -1,0 +1,363 @@
+"""The RL stage (RECIPE §2), synchronous: each step plays a batch of episodes with the current
+weights, then takes one optimiser step on them.
+
+    python -m c2.main --config=experiments/rl_tiny.py --workdir=DIR [--config.init_from=SFT_DIR]
+
+Per step s (weights version s): the next `prompts_per_step` prompts of the ledger, each played
+`group_size` times by the engine (c2/rl/episodes.py) -> samples -> a fixed-shape batch ->
+`RLLearner.update` (router replay, mismatch filter, TIS, k1 KL to the RL start weights in the
+reward, the objective's defaults) -> the new weights go to the engine as version s + 1. Samples
+are written to DIR/rollouts/step_NNNNNN.jsonl with the step that trained them; held-out
+evaluations (pass@1, best-of-K) to DIR/rollouts/eval_NNNNNN.jsonl and DIR/eval.jsonl. The
+prompt ledger is single-epoch: the ids consumed are saved with every checkpoint, so a resumed
+run neither repeats nor skips a prompt (episodes in flight at a crash are played again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from tqdm import tqdm
+
+from c2.data.chat import AgentChat
+from c2.data.tokenizer import load_tokenizer
+from c2.envs.sandbox import Sandbox
+from c2.envs.tasks import Task, load_tasks
+from c2.infer.engine import Engine
+from c2.rl import config as rl_config
+from c2.rl import evaluation
+from c2.rl.batching import make_batch, reward_arrays
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner
+from c2.rl.records import Sample, write_rollouts
+from c2.rl.step import RLLearner
+from c2.train import lm
+from c2.train import metrics as metrics_lib
+from c2.train.checkpoint import Checkpointer
+from c2.train.config import ConfigError, sharding_rules
+from c2.train.loop import Counters, abstract_state, init_key, load_init_params
+from c2.train.optimizer import make_optimizer
+
+log = logging.getLogger(__name__)
+
+CURVES = {
+    "rewards": ("reward/total", "reward/task", "reward/style", "reward/communication"),
+    "penalties": ("reward/tool_call_penalty", "reward/length_penalty", "reward/kl", "kl"),
+    "heldout": ("eval_pass@1", "eval_best_of_k"),
+    "mismatch": ("mismatch/p50", "mismatch/p99", "mismatch/max"),
+    "throughput": ("generated_tokens_per_s", "train_tokens_per_s"),
+    "episodes": ("pass_rate", "turns_mean", "generated_tokens_mean"),
+}
+
+
+# Prompts ----------------------------------------------------------------------------------
+
+
+def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) -> list[Task]:
+    """Tasks from a config spec: "functions" (generated into workdir/tasks/<split>) or a dir."""
+    if spec == "functions":
+        from c2.envs.functions import generate_function_tasks
+
+        out = workdir / "tasks" / split
+        if (out / "done.json").is_file():
+            tasks = load_tasks(out)
+            if len(tasks) >= n:
+                return tasks[:n]
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.iterdir():  # a half-written set from a crash: make it again
+            if old.is_dir():
+                import shutil
+
+                shutil.rmtree(old)
+        tasks = generate_function_tasks(out, n, seed, split)
+        (out / "done.json").write_text(json.dumps({"n": n, "seed": seed, "split": split}))
+        return tasks
+    path = Path(spec)
+    if not path.is_dir():
+        raise ConfigError(f"config.rl.tasks={spec!r}: expected 'functions' or a task directory")
+    tasks = load_tasks(path)
+    if len(tasks) < n:
+        log.warning("%s holds %d tasks; %d were asked for", spec, len(tasks), n)
+    return tasks[:n]
+
+
+@dataclasses.dataclass
+class Ledger:
+    """Single-epoch prompt order: a seeded permutation; `consumed` ids are persisted."""
+
+    order: list[str]
+    consumed: list[str]
+
+    def take(self, n: int) -> list[str]:
+        done = set(self.consumed)
+        fresh = [p for p in self.order if p not in done][:n]
+        return fresh
+
+    def mark(self, ids) -> None:
+        self.consumed.extend(ids)
+
+
+# The stage --------------------------------------------------------------------------------
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
+    """Trains (or resumes) an RL stage in `workdir`; returns the final evaluation summary."""
+    workdir = Path(workdir)
+    mesh_sizes, cfg, objective, rollout = rl_config.validate_rl(config, jax.device_count())
+    r = config.rl
+    task = lm.build_task(rl_config._without_rl(config))  # mesh, shardings, init and import
+    mesh = task.mesh
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    chat = AgentChat(tokenizer)
+    steps = config.train.steps
+    n_train = steps * r.prompts_per_step
+    train_tasks = load_task_source(r.tasks, "train", n_train, r.task_seed, workdir)
+    heldout = load_task_source(r.heldout_tasks, "eval", r.eval.tasks, r.task_seed + 1, workdir)
+    by_id = {t.task_id: t for t in train_tasks}
+    if len(train_tasks) < n_train:
+        steps = len(train_tasks) // r.prompts_per_step
+        log.warning("single epoch: %d prompts give %d steps", len(train_tasks), steps)
+        if steps < 1:
+            raise ConfigError(
+                f"config.rl.tasks: {len(train_tasks)} prompts; need at least "
+                f"prompts_per_step={r.prompts_per_step}"
+            )
+    order = sorted(by_id)
+    random.Random(r.task_seed).shuffle(order)
+
+    tx, schedule = make_optimizer(config.optimizer, steps, task.abstract_params)
+    abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
+    ckpt = Checkpointer(
+        workdir / "checkpoints",
+        keep=config.train.keep_checkpoints,
+        async_save=config.train.async_checkpoints,
+    )
+    if config.init_from:
+        ref_params = load_init_params(config.init_from, task)
+    else:
+        ref_params = task.init_params(init_key(config.train.seed))
+    restored = ckpt.restore_latest(abstract_params, abstract_opt)
+    if restored is not None:
+        start, params, opt_state, meta = restored
+        ledger = Ledger(order, list(meta["consumed"]))
+        counters = Counters(**meta["counters"])
+        log.info(
+            "resumed %s at step %d (%d prompts consumed)", workdir, start, len(ledger.consumed)
+        )
+    else:
+        start, counters = 0, Counters()
+        params = jax.tree.map(jnp.copy, ref_params)
+        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+        ledger = Ledger(order, [])
+    learner = RLLearner(
+        cfg,
+        objective,
+        tx,
+        mesh=mesh,
+        micro_batch_size=r.micro_batch_size,
+        rules=sharding_rules(config),
+        reward_weights=rl_config.reward_weights(config),
+        effort_weights=rl_config.effort_weights(config),
+        length_penalty_k=float(r.rewards.length_k),
+        length_penalty_q=float(r.rewards.length_q),
+        schedule=schedule,
+    )
+    engine = Engine(
+        _for_engine(params, mesh),
+        cfg,
+        max_slots=r.rollout.engine_slots,
+        max_len=max(r.seq_buckets),
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        top_k=rollout.top_k,
+        stop_tokens=(chat.im_end,),
+        seed=config.train.seed + start,
+        version=start,
+    )
+    sandbox = Sandbox()
+    runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+    evals = _read_evals(workdir, start)
+    bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
+    try:
+        if start == 0 and 0 not in evals:
+            evals[0] = _evaluate(runner, heldout, r.eval.samples, workdir, 0)
+        for step in range(start + 1, steps + 1):
+            t0 = time.perf_counter()
+            ids = ledger.take(r.prompts_per_step)
+            requests = [
+                EpisodeRequest(by_id[p], p, f"s{step:06d}-{p}", k)
+                for p in ids
+                for k in range(r.group_size)
+            ]
+            samples = runner.run(requests)
+            gen_stats = dict(runner.stats)
+            t_gen = time.perf_counter() - t0
+            batch = make_batch(
+                samples,
+                batch_size=len(requests),
+                seq_buckets=tuple(r.seq_buckets),
+                cfg=cfg,
+                pad_id=tokenizer.pad_id,
+            )
+            terms, effort = reward_arrays(samples, len(requests))
+            t1 = time.perf_counter()
+            params, opt_state, step_metrics, per_sample = learner.update(
+                params, opt_state, ref_params, batch, terms, effort, step - 1
+            )
+            step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
+            t_train = time.perf_counter() - t1
+            ledger.mark(ids)
+            _score(samples, per_sample, step)
+            write_rollouts(workdir / "rollouts", f"step_{step:06d}", samples)
+            engine.update_weights(_for_engine(params, mesh), step)
+            T = batch["inputs"].shape[1]
+            counters.tokens += len(requests) * T
+            counters.flops += len(requests) * T * task.flops_per_token
+            counters.device_seconds += (time.perf_counter() - t0) * mesh.devices.size
+            record = (
+                step_metrics
+                | _episode_metrics(samples)
+                | {
+                    "generated_tokens_per_s": gen_stats["generated_tokens_per_s"],
+                    "engine_idle_s": gen_stats["engine_idle_s"],
+                    "rollout_s": t_gen,
+                    "train_s": t_train,
+                    "train_tokens_per_s": len(requests) * T / max(t_train, 1e-9),
+                    "step_time_s": time.perf_counter() - t0,
+                    "cum_tokens": counters.tokens,
+                    "cum_flops": counters.flops,
+                    "cum_device_seconds": counters.device_seconds,
+                    "prompts_consumed": len(ledger.consumed),
+                }
+            )
+            if step == steps or (r.eval.every and step % r.eval.every == 0):
+                evals[step] = _evaluate(runner, heldout, r.eval.samples, workdir, step)
+                record |= _eval_metrics(evals[step])
+            writer.write(step, record)
+            bar.set_postfix(
+                reward=f"{record['reward/total']:.3f}", passed=f"{record['pass_rate']:.2f}"
+            )
+            bar.update(1)
+            if step % config.train.checkpoint_every == 0 or step == steps:
+                meta = {"consumed": ledger.consumed, "counters": dataclasses.asdict(counters)}
+                ckpt.save(step, params, opt_state, meta, None, force=True)
+    finally:
+        bar.close()
+        writer.close()
+        ckpt.close()
+    summary = _final_summary(evals, steps)
+    (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
+    plot_rl(workdir, config.name)
+    return summary
+
+
+def _for_engine(params, mesh):
+    """The engine's own copy of the weights, on one device (the update donates the trainer's)."""
+    if mesh.devices.size == 1:
+        return jax.tree.map(jnp.copy, params)
+    return jax.device_put(params, jax.devices()[0])
+
+
+def _score(samples: list[Sample], per_sample: dict, step: int) -> None:
+    """Write the trainer's scores (combined reward, its signed terms) into the samples."""
+    host = jax.device_get(per_sample)
+    for i, s in enumerate(samples):
+        s.reward = float(host["reward"][i])
+        for k, v in host.items():
+            if k.startswith("reward/") and k != "reward/total":
+                s.reward_terms[k.split("/", 1)[1] + "_weighted"] = float(v[i])
+        if "kl" in host:
+            s.reward_terms["kl"] = float(host["kl"][i])
+        s.trained_step = step
+
+
+def _episode_metrics(samples: list[Sample]) -> dict:
+    stops = Counter(s.stop_reason for s in samples)
+    out = {
+        "pass_rate": float(np.mean([s.passed for s in samples])),
+        "turns_mean": float(np.mean([s.info["turns"] for s in samples])),
+        "generated_tokens_mean": float(np.mean([s.generated_tokens for s in samples])),
+        "sample_tokens_max": float(max(s.length for s in samples)),
+        "invalid_tool_calls_mean": float(np.mean([s.info["invalid_tool_calls"] for s in samples])),
+    }
+    for name in ("task", "style", "communication", "tool_call_penalty"):
+        out[f"term/{name}"] = float(np.mean([s.reward_terms[name] for s in samples]))
+    for reason, n in stops.items():
+        out[f"stop/{reason}"] = n / len(samples)
+    return out
+
+
+def _evaluate(runner, heldout, k: int, workdir: Path, step: int) -> dict:
+    requests = [
+        EpisodeRequest(t, t.task_id, f"eval{step:06d}-{t.task_id}", j)
+        for t in heldout
+        for j in range(k)
+    ]
+    samples = runner.run(requests)
+    write_rollouts(workdir / "rollouts", f"eval_{step:06d}", samples)
+    summary = evaluation.summarize(samples) | {"step": step}
+    with open(workdir / "eval.jsonl", "a") as f:
+        f.write(json.dumps(summary) + "\n")
+    log.info(
+        "held-out at step %d: pass@1 %.3f best-of-%d %.3f",
+        step,
+        summary["pass@1"],
+        k,
+        summary[f"best_of_{k}"],
+    )
+    return summary
+
+
+def _eval_metrics(summary: dict) -> dict:
+    k = summary["k"]
+    return {"eval_pass@1": summary["pass@1"], "eval_best_of_k": summary[f"best_of_{k}"]}
+
+
+def _read_evals(workdir: Path, upto: int) -> dict[int, dict]:
+    """Evaluations already done (a resumed run keeps those at or before its step)."""
+    path = workdir / "eval.jsonl"
+    if not path.is_file():
+        return {}
+    evals = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            if e["step"] <= upto:
+                evals[e["step"]] = e
+    path.write_text("".join(json.dumps(e) + "\n" for _, e in sorted(evals.items())))
+    return evals
+
+
+def _final_summary(evals: dict[int, dict], steps: int) -> dict:
+    out = {"steps": steps, "evaluations": {str(s): _brief(e) for s, e in sorted(evals.items())}}
+    if 0 in evals and steps in evals and steps:
+        out["gain"] = evaluation.compare(evals[0], evals[steps])
+    return out
+
+
+def _brief(e: dict) -> dict:
+    return {k: v for k, v in e.items() if k != "per_task_passes"}
+
+
+def plot_rl(workdir: Path, title: str = "") -> list[Path]:
+    records = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE)
+    out = []
+    for group, keys in CURVES.items():
+        png = metrics_lib.plot_curves(
+            records, keys, workdir / f"{group}.png", title=f"{title} {group}"
+        )
+        if png:
+            out.append(png)
+    return out

@@ -1,0 +1,50 @@
+"""The RL stage (docs/recipe.md §2), tiny, on CPU: synchronous policy-gradient RL of the agent-SFT
+model on generated function tasks, played as tool-calling episodes in the sandbox.
+
+Each step plays 4 prompts x 8 samples (group size 8, single epoch: every prompt once) with the
+current weights, grades them with hidden tests, and takes one Adam step with the recipe's
+objective: group-mean advantages (no std normalisation), the constant-normalised token sum (no
+length normalisation), k1 KL to the RL start weights in the reward, MoE router replay of the
+recorded experts, the p99 train/inference mismatch filter and truncated importance sampling.
+Held-out pass@1 and best-of-4 on 50 tasks of templates never trained on, at the start and end.
+
+Command (after experiments/sft_agent_tiny.py has run into runs/sft_agent_tiny):
+    python -m c2.main --config=experiments/rl_tiny.py --workdir=runs/rl_tiny
+(`--config.init_from=DIR` takes another workdir or `hf:DIR`.)
+Runtime: about 15 minutes on the 2-core reference machine (see BENCHMARKS.md).
+Expected: see BENCHMARKS.md ("RL stage"): held-out pass@1 and best-of-4 before and after, with the
+95% interval of the paired gain, in DIR/final_metrics.json; curves in DIR/*.png.
+"""
+
+from c2.rl.config import rl_stage_defaults
+
+
+def get_config(arg=None):
+    del arg
+    c = rl_stage_defaults()
+    c.name = "rl_tiny"
+    c.init_from = "runs/sft_agent_tiny"
+    c.model.preset = "tiny_kimi_k2"
+    c.model.dtype = "float32"
+    # The model the pipeline's stages 2-3 produce: YaRN 8x over 128 positions.
+    c.model.yarn.factor = 8.0
+    c.model.yarn.original_max_position_embeddings = 128
+    c.model.yarn.mscale = 1.0
+    c.model.yarn.mscale_all_dim = 1.0
+    c.optimizer.lr = 1e-4
+    c.optimizer.warmup_steps = 2
+    c.train.steps = 60
+    c.train.checkpoint_every = 10
+    c.rl.tasks = "functions"
+    c.rl.heldout_tasks = "functions"
+    c.rl.group_size = 8
+    c.rl.prompts_per_step = 4
+    c.rl.micro_batch_size = 8
+    c.rl.seq_buckets = (512,)
+    c.rl.rollout.max_tokens = 512
+    c.rl.rollout.max_turn_tokens = 192
+    c.rl.rollout.max_turns = 3
+    c.rl.rollout.engine_slots = 16
+    c.rl.eval.tasks = 50
+    c.rl.eval.samples = 4
+    return c

@@ -1,0 +1,296 @@
+"""The episode driver: token stream exactness, masks, tool calls through the sandbox, budgets,
+rewards, and the real engine under concurrency (never stepping an idle engine)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from c2 import model
+from c2.data.chat import AgentChat
+from c2.data.tokenizer import ByteTokenizer
+from c2.envs.agents import tool_call
+from c2.envs.episode import task_system_prompt
+from c2.envs.sandbox import Sandbox
+from c2.envs.tasks import write_task
+from c2.infer.engine import Engine
+from c2.infer.records import Completion, Trajectory
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
+from c2.rl.records import read_rollouts, write_rollouts
+
+L_MOE, K = 2, 2
+
+
+class ScriptedEngine:
+    """The engine's multi-turn contract, replaying scripted reply ids (a test double: the
+    driver's bookkeeping is checked against ids we chose; the real engine is tested below)."""
+
+    def __init__(self, replies_by_prompt, max_len=512, slots=2, im_end=None):
+        self.replies = replies_by_prompt  # {prompt bytes: [reply ids, ...]}
+        self.max_len, self.stop_tokens = max_len, (im_end,)
+        self.cfg = model.presets.get("tiny_kimi_k2", n_layers=L_MOE + 1, n_experts_per_token=K)
+        self.slots, self.seqs, self.stats, self.version = slots, {}, {"generated_tokens": 0}, 7
+        self.max_active, self.next_rid = 0, 0
+
+    @property
+    def free_slots(self):
+        return self.slots - len(self.seqs)
+
+    def has_work(self):
+        return any(s["status"] == "ready" for s in self.seqs.values())
+
+    def submit(self, prompt, max_new, *, multi_turn, **sampling):
+        assert multi_turn and self.free_slots > 0 and len(prompt) + 1 <= self.max_len
+        rid, self.next_rid = self.next_rid, self.next_rid + 1
+        key = bytes(np.asarray(prompt, np.int32))
+        self.seqs[rid] = dict(
+            tokens=list(prompt),
+            gen=[False] * len(prompt),
+            status="ready",
+            script=list(self.replies[key]),
+            max_new=max_new,
+            turn=0,
+        )
+        self.max_active = max(self.max_active, len(self.seqs))
+        return rid
+
+    def step(self):
+        out = []
+        for rid, s in self.seqs.items():
+            if s["status"] != "ready":
+                continue
+            reply = s["script"].pop(0)[: s["max_new"]]
+            s["tokens"] += reply
+            s["gen"] += [True] * len(reply)
+            s["status"] = "paused"
+            self.stats["generated_tokens"] += len(reply)
+            finish = "stop" if reply[-1] in self.stop_tokens else "length"
+            z = np.zeros(0)
+            out.append(Completion(rid, s["turn"], z, np.asarray(reply), z, z, z, z, finish))
+        return out
+
+    def extend(self, rid, tokens, max_new):
+        s = self.seqs[rid]
+        assert s["status"] == "paused" and len(s["tokens"]) + len(tokens) < self.max_len
+        s["tokens"] += list(tokens)
+        s["gen"] += [False] * len(tokens)
+        s["status"], s["max_new"], s["turn"] = "ready", max_new, s["turn"] + 1
+
+    def release(self, rid):
+        s = self.seqs.pop(rid)
+        T = len(s["tokens"])
+        gen = np.asarray(s["gen"])
+        return Trajectory(
+            rid,
+            np.asarray(s["tokens"], np.int32),
+            gen,
+            np.where(gen, -0.5, 0.0).astype(np.float32),
+            np.where(gen, self.version, -1).astype(np.int32),
+            (np.arange(T * L_MOE * K) % 7).reshape(T, L_MOE, K).astype(np.uint8),
+        )
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return AgentChat(ByteTokenizer())
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    sb = Sandbox()
+    if not sb.isolated:
+        pytest.skip(f"needs a namespace sandbox; this machine has {sb.isolation.describe()}")
+    return sb
+
+
+def _task(root, name="triple", body="return n * 3"):
+    return write_task(
+        root / name,
+        instruction=f"Write {name}(n) in {name}.py: {body}.",
+        metadata={
+            "task_id": name,
+            "fail_to_pass": [f"tests/test_{name}.py::test_it"],
+            "pass_to_pass": [],
+            "difficulty": "1",
+            "seed": 0,
+            "source": "test",
+            "prompt_style": "compact",
+        },
+        workspace={"README": "functions go here\n"},
+        tests={
+            f"test_{name}.py": f"from {name} import {name}\n\ndef test_it():\n"
+            f"    assert {name}(2) == 6\n"
+        },
+        solution={f"{name}.py": f"def {name}(n):\n    {body}\n"},
+    )
+
+
+def _oracle_replies(name="triple", body="return n * 3"):
+    src = f"def {name}(n):\n    {body}\n"
+    return [
+        tool_call("write_file", path=f"{name}.py", content=src),
+        tool_call("submit", message=f"Added {name} to {name}.py."),
+    ]
+
+
+def test_token_stream_is_the_sft_rendering_with_tool_output_masked(tmp_path, chat, sandbox):
+    """The sample's ids are exactly prompt + reply ids + observation ids + reply ids: the same
+    stream AgentChat.conversation renders for SFT; only the replies carry the loss mask."""
+    task = _task(tmp_path)
+    replies = _oracle_replies()
+    prompt = chat.prompt(task_system_prompt(task), task.instruction)
+    engine = ScriptedEngine({bytes(prompt): [chat.reply(r) for r in replies]}, im_end=chat.im_end)
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep", RolloutConfig())
+    (s,) = runner.run([EpisodeRequest(task, "p0", "g0", 0)])
+    source = "def triple(n):\n    return n * 3\n"
+    tool_out = f"Wrote {len(source)} characters to triple.py."
+    conversation = [
+        {"role": "system", "content": task_system_prompt(task)},
+        {"role": "user", "content": task.instruction},
+        {"role": "assistant", "content": replies[0]},
+        {"role": "tool", "content": [tool_out]},
+        {"role": "assistant", "content": replies[1]},
+    ]
+    ids, mask = chat.conversation(conversation)
+    np.testing.assert_array_equal(s.tokens, ids)
+    np.testing.assert_array_equal(s.loss_mask, mask.astype(np.uint8))
+    # the tool-call tags are single special ids, never bytes
+    replies_ids = s.tokens[s.loss_mask > 0]
+    assert (replies_ids == chat.tool_call).sum() == 2
+    assert b"<tool_call>" not in bytes(replies_ids[replies_ids < 256].astype(np.uint8))
+    assert s.passed and s.stop_reason == "submit"
+    assert s.reward_terms == {
+        "task": 1.0,
+        "style": 1.0,
+        "communication": 1.0,
+        "tool_call_penalty": 0.0,
+    }
+    assert s.effort["num_turns"] == 2 and s.effort["num_tool_calls"] == 2
+    # every generated id is inside a tool call except the two <|im_end|>, which are not counted
+    assert s.effort["tool_call_tokens"] == s.generated_tokens - 2
+    assert s.effort["final_message_tokens"] == 0
+    assert s.effort["tool_output_tokens"] == len(chat.observation([tool_out]))
+    np.testing.assert_array_equal(s.versions[s.loss_mask > 0], 7)
+    assert s.routing.shape == (len(s.tokens), L_MOE, K)
+
+
+def test_penalties_failures_and_budgets(tmp_path, chat, sandbox):
+    """A malformed call and a call after submit are penalised; a wrong answer fails with its
+    reason; a reply cut by the turn budget ends the episode; so does a reply without a call."""
+    tasks = [_task(tmp_path, f"f{i}", "return n * 3") for i in range(4)]
+    bad = [
+        chat.reply("<tool_call>{not json}</tool_call>"),
+        chat.reply(
+            tool_call("write_file", path="f0.py", content="def f0(n):\n    return n\n")
+            + tool_call("submit", message="Wrote f0.py.")
+            + tool_call("list_dir", path=".")
+        ),
+    ]
+    long_reply = chat.tokenizer.encode("x" * 400)  # no <|im_end|> within 300 tokens
+    final = chat.reply("I changed f2.py.")
+    literal = chat.tokenizer.encode('<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+    scripts = [bad, [long_reply], [final], [literal + [chat.im_end]]]
+    engine = ScriptedEngine(
+        {
+            bytes(chat.prompt(task_system_prompt(t), t.instruction)): s
+            for t, s in zip(tasks, scripts)
+        },
+        max_len=1024,
+        im_end=chat.im_end,
+    )
+    runner = EpisodeRunner(
+        engine, chat, sandbox, tmp_path / "ep", RolloutConfig(max_turn_tokens=300)
+    )
+    reqs = [EpisodeRequest(t, t.task_id, "g", i) for i, t in enumerate(tasks)]
+    s0, s1, s2, s3 = runner.run(reqs)
+    assert s0.reward_terms["tool_call_penalty"] == 2.0  # one malformed, one after submit
+    assert s0.info["invalid_tool_calls"] == 1 and s0.info["calls_after_submit"] == 1
+    assert not s0.passed and "fail_to_pass still failing" in s0.failure_reason
+    assert s0.reward_terms["communication"] == 1.0  # the message names f0.py
+    assert s1.stop_reason == "turn_budget" and s1.generated_tokens == 300
+    assert s2.stop_reason == "final_message" and s2.reward_terms["communication"] == 0.0
+    # literal "<tool_call>" bytes are text, not a call: a final message
+    assert s3.stop_reason == "final_message" and s3.info["tool_calls"] == 0
+    assert engine.max_active <= engine.slots
+
+
+def test_rollout_records_round_trip(tmp_path, chat, sandbox):
+    task = _task(tmp_path)
+    prompt = chat.prompt(task_system_prompt(task), task.instruction)
+    engine = ScriptedEngine(
+        {bytes(prompt): [chat.reply(r) for r in _oracle_replies()]}, im_end=chat.im_end
+    )
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep")
+    samples = runner.run([EpisodeRequest(task, "p0", "g0", i) for i in range(2)])
+    samples[0].trained_step, samples[0].reward = 3, 1.25
+    path = write_rollouts(tmp_path / "rollouts", "step_000003", samples)
+    records = read_rollouts(path)
+    line = json.loads(path.read_text().splitlines()[0])
+    for key in (
+        "prompt_id",
+        "group_id",
+        "sample_index",
+        "tokens",
+        "loss_mask",
+        "logprobs",
+        "versions",
+        "reward",
+        "reward_terms",
+        "passed",
+        "trained_step",
+    ):
+        assert key in line
+    assert (
+        line["trained_step"] == 3 and line["reward"] == 1.25 and records[1]["trained_step"] is None
+    )
+    for s, r in zip(samples, records):
+        assert r["tokens"] == s.tokens.tolist() and r["loss_mask"] == s.loss_mask.tolist()
+        np.testing.assert_array_equal(r["routed_experts"], s.routing)
+    assert (
+        "routed_experts" not in line and (tmp_path / "rollouts" / line["routing"]["file"]).is_file()
+    )
+
+
+def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
+    """Six episodes on a 2-slot engine (a random tiny model): in flight never exceeds the slots,
+    the loop finishes, and each sample is the engine's own trajectory, replies masked in."""
+    cfg = model.presets.get(
+        "tiny_kimi_k2",
+        dtype="float32",
+        d_model=64,
+        n_layers=2,
+        n_heads=2,
+        d_ff=128,
+        d_ff_expert=32,
+        n_experts=4,
+        n_experts_per_token=2,
+        max_seq_len=512,
+        mtp_depth=0,
+    )
+    import jax
+
+    params = model.init_params(cfg, jax.random.key(0))
+    engine = Engine(
+        params,
+        cfg,
+        max_slots=2,
+        max_len=384,
+        temperature=1.0,
+        stop_tokens=(chat.im_end,),
+        prefill_chunk=256,
+    )
+    tasks = [_task(tmp_path, f"g{i}") for i in range(3)]
+    runner = EpisodeRunner(
+        engine, chat, sandbox, tmp_path / "ep", RolloutConfig(max_turn_tokens=24, max_tokens=384)
+    )
+    reqs = [EpisodeRequest(t, t.task_id, t.task_id, k) for t in tasks for k in range(2)]
+    samples = runner.run(reqs)
+    assert [s.task_id for s in samples] == [r.task.task_id for r in reqs]
+    for s in samples:
+        prompt = chat.prompt(task_system_prompt(tasks[0]), tasks[int(s.task_id[1])].instruction)
+        np.testing.assert_array_equal(s.tokens[: len(prompt)], prompt)
+        assert s.loss_mask[: len(prompt)].sum() == 0 and s.generated_tokens > 0
+        assert (s.logprobs[s.loss_mask == 0] == 0).all() and (s.logprobs[s.loss_mask > 0] < 0).all()
+        assert s.routing.shape == (len(s.tokens), cfg.n_moe_layers, 2)
+        assert not s.passed  # a random model does not solve the task
+    assert runner.stats["generated_tokens"] == sum(s.generated_tokens for s in samples)
