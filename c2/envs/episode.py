@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from c2.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
-from c2.envs.tasks import Task
+from c2.envs.tasks import PROMPT_STYLES, Task
 from c2.envs.tools import TOOLS, InvalidToolCall, Tools, format_tool_response, parse_tool_calls
 
 
@@ -72,6 +72,31 @@ def system_prompt(mount_at: str = "/workspace") -> str:
         f"<tools>\n{tools}\n</tools>\n\n"
         "For each call, write a JSON object with the name and arguments within <tool_call> tags:\n"
         '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def compact_system_prompt(mount_at: str = "/workspace") -> str:
+    """One line per tool with its required arguments, then the call format (~175 bytes: a
+    byte-level tiny model reads it in every episode and trains on 512 tokens). Paths are
+    relative to the workspace; its mount point is named only when it is not /workspace."""
+    lines = ["Tools:" if mount_at == "/workspace" else f"Tools (repo {mount_at}):"]
+    for t in TOOLS:
+        f = t["function"]
+        lines.append(f"{f['name']}({','.join(f['parameters']['required'])})")
+    lines.append('<tool_call>{"name":..,"arguments":{..}}</tool_call>')
+    return "\n".join(lines)
+
+
+def task_system_prompt(task: Task) -> str:
+    """The system prompt for `task`, by its metadata "prompt_style" ("full" by default, or
+    "compact"): what run_episode and the RL episode driver both send."""
+    style = task.metadata.get("prompt_style", "full")
+    if style == "compact":
+        return compact_system_prompt(task.mount_at)
+    if style == "full":
+        return system_prompt(task.mount_at)
+    raise ValueError(
+        f"task {task.task_id}: prompt_style={style!r}: expected one of {PROMPT_STYLES}"
     )
 
 
@@ -158,7 +183,7 @@ def run_episode(
         max_observation_chars=config.max_observation_chars,
     )
     messages = [
-        {"role": "system", "content": system_prompt(task.mount_at)},
+        {"role": "system", "content": task_system_prompt(task)},
         {"role": "user", "content": task.instruction},
     ]
     ep = Episode(episode_id, task.task_id, segment_id, workspace, messages, [])

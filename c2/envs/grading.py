@@ -3,7 +3,9 @@ pass-to-pass results of the hidden tests), code quality (new ruff findings in th
 efficiency (tokens, tool calls, wall time) and interaction (a final message, invalid tool calls).
 
 Hidden tests run in a sandbox over the final workspace, mounted read-only, with the pristine tests
-from the task directory: whatever the agent did to its copy of the tests does not count.
+from the task directory: whatever the agent did to its copy of the tests does not count. An
+episode that ran into a sandbox limit (processes, memory, output, time, ...), in its own commands
+or in the hidden tests' run, fails, with the limit named in failure_reason.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from c2.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
 from c2.envs.tasks import Task
 
 _PLUGIN = Path(__file__).with_name("grading_plugin.py")
+_RUNNER = Path(__file__).with_name("grading_runner.py")
 RUFF_SELECT = "E,F,W,B,SIM"
 
 
@@ -63,6 +66,10 @@ def run_hidden_tests(
     limits = _sandbox_limits(task, limits or sandbox.limits)
     if task.grader == "harbor":
         return _run_harbor(task, workspace, sandbox, limits)
+    if task.grader == "functions":
+        return runner_outcomes(
+            task.tests_dir, workspace, sandbox, limits=limits, mount_at=task.mount_at
+        )
     return pytest_outcomes(
         task.tests_dir, workspace, sandbox, limits=limits, mount_at=task.mount_at
     )
@@ -78,7 +85,6 @@ def pytest_outcomes(
 ) -> TestRun:
     """Per-test outcomes of running `tests_dir` (mounted read-only at /grading/tests, so ids
     read "tests/test_x.py::test_y") against `workspace` (read-only at `mount_at`)."""
-    _need_namespaces(sandbox)
     cmd = ["python", "-P", "-m", "pytest", "-p", "grading_plugin", "-p", "no:cacheprovider"]
     cmd += ["-c", "/dev/null", "--rootdir=/grading", "-q", "/grading/tests"]
     env = {
@@ -86,11 +92,37 @@ def pytest_outcomes(
         "C2_WORKSPACE": mount_at,
         "C2_GRADING_OUT": "/grading/out/results.json",
     }
+    script = (_PLUGIN, "/grading/grading_plugin.py")
+    return _sandboxed_outcomes(cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at)
+
+
+def runner_outcomes(
+    tests_dir: str | os.PathLike,
+    workspace: str | os.PathLike,
+    sandbox: Sandbox,
+    *,
+    limits: SandboxLimits,
+    mount_at: str = "/workspace",
+) -> TestRun:
+    """`pytest_outcomes` for plain test functions, run by grading_runner.py without pytest
+    (the "functions" grader: ~10x faster; same ids, same JSON, same reading)."""
+    cmd = ["python", "-I", "-S", "/grading/grading_runner.py", "/grading/tests", mount_at]
+    cmd.append("/grading/out/results.json")
+    script = (_RUNNER, "/grading/grading_runner.py")
+    return _sandboxed_outcomes(cmd, script, {}, tests_dir, workspace, sandbox, limits, mount_at)
+
+
+def _sandboxed_outcomes(
+    cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at
+) -> TestRun:
+    """Run `cmd` with tests_dir at /grading/tests, `script` mounted, the workspace read-only;
+    read the outcomes it writes to /grading/out/results.json."""
+    _need_namespaces(sandbox)
     with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
         sandbox.give_workspace(out)
         binds = [
             (tests_dir, "/grading/tests", False),
-            (_PLUGIN, "/grading/grading_plugin.py", False),
+            (script[0], script[1], False),
             (out, "/grading/out", True),
         ]
         r = sandbox.run(
@@ -234,6 +266,7 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
     workspace = Path(workspace)
     quality = code_quality(task.workspace_dir, workspace)
     tests = run_hidden_tests(task, workspace, sandbox)
+    tests_limits = list(tests.sandbox.limits_hit) if tests.sandbox is not None else []
     f2p = {t: tests.passed(t) for t in task.fail_to_pass}
     p2p = {t: tests.passed(t) for t in task.pass_to_pass}
     correctness = {
@@ -244,9 +277,22 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         "p2p_passed": sum(p2p.values()),
         "p2p_total": len(p2p),
         "tests_error": tests.error,
+        "tests_limits_hit": tests_limits,
     }
-    passed = all(f2p.values()) and all(p2p.values())
+    ep = episode
+    limits_hit = sorted({x for r in ep.sandbox_results for x in r.limits_hit}) if ep else []
+    # A limit hit anywhere fails the episode: what ran past a limit was cut off and its outcome
+    # cannot be trusted (and flooding the sandbox must never pay).
+    passed = all(f2p.values()) and all(p2p.values()) and not limits_hit and not tests_limits
     reasons = []
+    if limits_hit:
+        reasons.append(
+            f"{_limit_words(limits_hit)} hit during the episode: {', '.join(limits_hit)}"
+        )
+    if tests_limits:
+        reasons.append(
+            f"{_limit_words(tests_limits)} hit by the hidden tests: {', '.join(tests_limits)}"
+        )
     if tests.error:
         reasons.append(tests.error)
     if not all(f2p.values()):
@@ -254,10 +300,6 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         reasons.append(f"fail_to_pass still failing: {_few(failed)}")
     if not all(p2p.values()):
         reasons.append(f"pass_to_pass broken: {_few([t for t, ok in p2p.items() if not ok])}")
-    ep = episode
-    limits_hit = sorted({x for r in ep.sandbox_results for x in r.limits_hit}) if ep else []
-    if limits_hit:
-        reasons.append(f"sandbox limits hit during the episode: {', '.join(limits_hit)}")
     efficiency = {
         "model_tokens": ep.model_tokens if ep else None,
         "turns": ep.turns if ep else None,
@@ -282,6 +324,10 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         efficiency=efficiency,
         interaction=interaction,
     )
+
+
+def _limit_words(limits: list[str]) -> str:
+    return "sandbox limit" if len(limits) == 1 else "sandbox limits"
 
 
 def _few(ids: list[str], k: int = 3) -> str:

@@ -6,8 +6,11 @@
     <task>/solution/         the reference fix, as files relative to workspace/ (for the oracle)
     <task>/metadata.json     fail_to_pass, pass_to_pass, difficulty, seed, source, grader, ...
 
-Graders: "pytest" runs tests/ with pytest and reads per-test outcomes; "harbor" runs
-tests/test.sh and reads /logs/verifier/reward.txt or reward.json (Harbor's convention).
+Graders: "pytest" runs tests/ with pytest and reads per-test outcomes; "functions" runs plain
+test functions in tests/test_*.py without pytest (grading_runner.py: same ids and outcomes,
+~10x faster); "harbor" runs tests/test.sh and reads /logs/verifier/reward.txt or reward.json
+(Harbor's convention). metadata "prompt_style" picks the system prompt: "full" (default: every
+tool's JSON schema) or "compact" (one line per tool; episode.task_system_prompt).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 REQUIRED_METADATA = ("task_id", "fail_to_pass", "pass_to_pass", "difficulty", "seed", "source")
-GRADERS = ("pytest", "harbor")
+GRADERS = ("pytest", "functions", "harbor")
+PROMPT_STYLES = ("full", "compact")
 # The workspace may not be mounted over what the sandbox itself provides.
 _SYSTEM_DIRS = {
     "usr",
@@ -102,6 +106,11 @@ def validate_metadata(meta: Mapping, where: str) -> None:
         raise ValueError(
             f"{where}: metadata['mount_at']={mount!r}: expected an absolute path outside "
             f"the system directories {sorted(_SYSTEM_DIRS)}"
+        )
+    if meta.get("prompt_style", "full") not in PROMPT_STYLES:
+        raise ValueError(
+            f"{where}: metadata['prompt_style']={meta['prompt_style']!r}: "
+            f"expected one of {PROMPT_STYLES}"
         )
     if meta.get("grader", "pytest") not in GRADERS:
         raise ValueError(

@@ -1,7 +1,9 @@
 """Grading dimensions: correctness details, code quality (new ruff findings), harbor rewards."""
 
+import dataclasses
 import os
 import shutil
+import types
 
 import pytest
 
@@ -133,3 +135,19 @@ def test_harbor_reward_files(tmp_path):
     assert _harbor_reward(tmp_path) == 1.0
     (tmp_path / "reward.txt").write_text("lots\n")
     assert _harbor_reward(tmp_path) is None
+
+
+def test_a_limit_hit_during_the_episode_fails_a_correct_fix(task, tmp_path, sandbox):
+    ws = _final(task, tmp_path, sandbox, {"shop.py": "def price(n, each):\n    return n * each\n"})
+    ok = sandbox.run("true", ws)
+    flood = dataclasses.replace(ok, limit="processes", limits_hit=["processes"])
+    episode = types.SimpleNamespace(
+        episode_id="e", sandbox_results=[ok, flood], model_tokens=1, turns=1, tool_calls=2,
+        wall_s=0.1, final_message="done", submitted=True, invalid_tool_calls=0, tool_errors=0,
+        stop_reason="submit",
+    )  # fmt: skip
+    assert grade(task, ws, sandbox).passed  # the fix itself is correct
+    g = grade(task, ws, sandbox, episode)
+    assert not g.passed and all(g.correctness["fail_to_pass"].values())
+    assert g.failure_reason == "sandbox limit hit during the episode: processes"
+    assert g.interaction["sandbox_limits_hit"] == ["processes"]

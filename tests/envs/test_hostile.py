@@ -197,8 +197,11 @@ def test_zero():
 """
 
 
+_DOUBLE_OK = "def double(x):\n    return 2 * x\n"
+
+
 def _tiny_task(root):
-    src_ok = "def double(x):\n    return 2 * x\n"
+    src_ok = _DOUBLE_OK
     meta = {
         "task_id": "tiny",
         "fail_to_pass": ["tests/test_dbl.py::test_double"],
@@ -264,17 +267,21 @@ def test_hostile_episode_is_graded_as_failure_with_reason(sandbox, tmp_path):
         ),  # fmt: skip
         max_run_timeout_s=3,
     )
+    # The episode also writes the correct fix: only the limits it hit can make it fail.
     policy = ScriptedPolicy([tool_call("run", command=c) for c in hostile]
-                            + [tool_call("submit", message="done")])  # fmt: skip
+                            + [tool_call("write_file", path="dbl.py", content=_DOUBLE_OK),
+                               tool_call("submit", message="done")])  # fmt: skip
     ep = run_episode(task, policy, sandbox, tmp_path / "eps", config)
     g = grade(task, ep.workspace, sandbox, ep)
-    assert ep.stop_reason == "submit" and ep.tool_calls == len(hostile) + 1
+    assert ep.stop_reason == "submit" and ep.tool_calls == len(hostile) + 2
+    assert g.correctness["f2p_passed"] == 1 and g.correctness["p2p_passed"] == 1
     assert not g.passed
     hit = set(g.interaction["sandbox_limits_hit"])
     assert {"output", "wall_time"} <= hit
     if sandbox.isolation.cgroups is not None:
         assert {"memory", "processes"} <= hit
-    assert "sandbox limits hit during the episode" in g.failure_reason
+    assert g.failure_reason.startswith("sandbox limits hit during the episode: ")
+    assert all(x in g.failure_reason for x in hit)
     assert not _with_marker("sleep 600")
     assert host_file.read_text() == "original\n" and "evil" not in Path("/etc/passwd").read_text()
-    assert g.correctness["p2p_passed"] == 1  # the hidden tests still ran
+    assert g.correctness["tests_limits_hit"] == []  # the hidden tests ran cleanly

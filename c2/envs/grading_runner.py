@@ -1,0 +1,92 @@
+"""The "functions" grader's runner: plain pytest-style tests without pytest (~40 ms, not ~0.4 s).
+
+Not imported by c2: grading.py mounts this file into the grading sandbox and runs
+
+    python -I -S grading_runner.py TESTS_DIR WORKSPACE OUT_JSON
+
+It writes the JSON the pytest plugin (grading_plugin.py) writes, with the same test ids
+("tests/test_x.py::test_y", relative to TESTS_DIR's parent) and the same rules where they
+overlap: test_*.py and *_test.py files under TESTS_DIR in sorted order, each imported as its
+basename with its directory first on sys.path (pytest's "prepend" mode) and the workspace LAST
+(no workspace file can shadow the standard library or this runner's imports). An import error
+is a collection error of that file, and then, as in pytest, no test runs at all. Every
+module-level function named test* is called: returning passes; raising (AssertionError,
+SystemExit, ...) fails; a test that needs arguments fails (pytest: fixture not found), so does
+an `async def`. Not supported: fixtures, classes, parametrize, marks, pytest itself (-S: no
+site-packages); a conftest.py is reported as a collection error rather than silently ignored.
+"""
+
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import types
+
+
+def _test_files(tests_dir):
+    found = []
+    for dirpath, dirnames, filenames in os.walk(tests_dir):
+        dirnames.sort()
+        for name in sorted(filenames):
+            test = name.startswith("test_") or name.endswith("_test.py")
+            # conftest.py: reported as a collection error (see the module doc)
+            if name.endswith(".py") and test or name == "conftest.py":
+                found.append(os.path.join(dirpath, name))
+    return found
+
+
+def _import(path):
+    name = os.path.basename(path)[:-3]
+    if os.path.dirname(path) not in sys.path:
+        sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _outcome(fn):
+    if inspect.signature(fn).parameters or inspect.isgeneratorfunction(fn):
+        return "failed"
+    if inspect.iscoroutinefunction(fn):
+        return "failed"  # pytest >= 8.4 fails an async test it has no plugin for
+    try:
+        fn()
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return "failed"
+    return "passed"
+
+
+def main(tests_dir, workspace, out):
+    root = os.path.dirname(os.path.abspath(tests_dir).rstrip("/"))
+    sys.path.append(workspace)
+    tests, outcomes, collect_errors = [], {}, []
+    for path in _test_files(tests_dir):  # collect everything first, as pytest does
+        rel = os.path.relpath(path, root)
+        try:
+            if os.path.basename(path) == "conftest.py":
+                raise ImportError("conftest.py is not supported")
+            module = _import(path)
+        except BaseException:
+            collect_errors.append(rel)
+            continue
+        for name, obj in list(vars(module).items()):
+            if name.startswith("test") and isinstance(obj, types.FunctionType):
+                tests.append((f"{rel}::{name}", obj))
+    if not collect_errors:  # pytest runs nothing after a collection error
+        try:
+            for test_id, fn in tests:
+                outcomes[test_id] = _outcome(fn)
+        except KeyboardInterrupt:
+            pass  # pytest, interrupted, also reports what ran so far
+    status = 2 if collect_errors else int(any(v == "failed" for v in outcomes.values()))
+    with open(out, "w") as f:
+        json.dump({"outcomes": outcomes, "collect_errors": collect_errors, "exit": status}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
