@@ -36,6 +36,7 @@ import numpy as np
 
 from c2.data import corpus as corpus_lib
 from c2.data import sft as sft_lib
+from c2.data.chat import AgentChat
 from c2.data.tokenizer import Tokenizer, load_tokenizer
 
 BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "loss_mask", "target_bytes")
@@ -92,8 +93,12 @@ def document_features(doc: Mapping[str, Any], tokenizer: Tokenizer) -> dict[str,
 def sft_features(
     example: Mapping[str, str], tokenizer: Tokenizer, seq_len: int
 ) -> dict[str, np.ndarray] | None:
-    """A chat example -> shifted features truncated to seq_len; None if no trained token fits."""
-    ids, mask = sft_lib.format_chat(sft_lib.example_messages(example), tokenizer)
+    """A chat example -> shifted features truncated to seq_len; None if no trained token fits.
+    {"messages": [...]} is an agent conversation, rendered by AgentChat (RL's token stream)."""
+    if "messages" in example:
+        ids, mask = AgentChat(tokenizer).conversation(example["messages"])
+    else:
+        ids, mask = sft_lib.format_chat(sft_lib.example_messages(example), tokenizer)
     ids, mask = ids[: seq_len + 1], mask[: seq_len + 1]
     targets, loss_mask = ids[1:], mask[1:]
     if not loss_mask.any():
@@ -362,8 +367,9 @@ def make_sft_dataset(
 ) -> CheckpointableDataset:
     """SFT batches (same keys as pretraining, loss on response tokens only).
 
-    `examples`: "stdlib" (function-implementation tasks from the stdlib `split`), a .jsonl of
-    {"prompt", "response", "system"?}, or a sequence of such dicts.
+    `examples`: "stdlib" (function-implementation tasks from the stdlib `split`), "functions"
+    (oracle agent conversations, c2/envs/functions.py), a .jsonl of {"prompt", "response",
+    "system"?} or {"messages"}, or a sequence of such dicts.
     """
     tokenizer = load_tokenizer(tokenizer)
     shard_index, shard_count = shard_info(shard_index, shard_count)

@@ -1,5 +1,8 @@
 """SFT data (recipe section 1.3): chat formatting with the loss on responses only, and the embedded
 default task set: implement a standard-library function from its signature and docstring.
+An example is either {"prompt", "response", "system"?} (rendered below) or a multi-turn agent
+conversation {"messages": [...]}, rendered by c2.data.chat.AgentChat exactly as RL episodes are
+(the "functions" spec: oracle episodes of c2/envs/functions.py tasks).
 
 Chat format (ChatML, with the tokenizer's special ids):
     <bos><|im_start|>system\\n{system}<|im_end|>\\n            (optional)
@@ -84,6 +87,39 @@ def example_messages(example: Mapping[str, str]) -> list[dict[str, str]]:
     messages.append({"role": "user", "content": example["prompt"]})
     messages.append({"role": "assistant", "content": example["response"]})
     return messages
+
+
+def check_agent_messages(messages) -> None:
+    """The structure AgentChat.conversation renders: [system], a user task, then assistant
+    replies alternating with tool turns ({"role": "tool", "content": [output, ...]}), ending
+    with an assistant reply."""
+    if not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+        raise ValueError("an agent example's 'messages' must be a list of objects")
+    roles = [m.get("role") for m in messages]
+    if roles[:1] == ["system"]:
+        roles = roles[1:]
+    want = ["user"] + ["assistant", "tool"] * (len(roles) // 2)
+    if len(roles) < 2 or roles != want[: len(roles)] or roles[-1] != "assistant":
+        raise ValueError(
+            f"agent messages roles {roles}: expected [system], user, then assistant/tool turns "
+            "ending with an assistant reply"
+        )
+    for i, m in enumerate(messages):
+        c = m.get("content")
+        if m["role"] == "tool":
+            if not (isinstance(c, list) and all(isinstance(x, str) for x in c)):
+                raise ValueError(f"messages[{i}] (tool): content must be a list of strings")
+        elif not isinstance(c, str):
+            raise ValueError(f"messages[{i}] ({m['role']}): content must be a string")
+
+
+def check_example(example: Mapping) -> None:
+    """An SFT example: {"prompt", "response", "system"?} or an agent conversation
+    {"messages": [...]} (AgentChat.conversation's format)."""
+    if "messages" in example:
+        check_agent_messages(example["messages"])
+    else:
+        example_messages(example)
 
 
 def _strip_indent(lines: list[str], col: int) -> list[str]:
@@ -193,8 +229,8 @@ def function_examples(
 def load_sft_jsonl(
     path: str, split: str = "all", heldout_fraction: float = 0.02
 ) -> list[dict[str, str]]:
-    """One {"prompt", "response", "system"?, "path"?} object per line, validated; split like a
-    JSONL corpus (by the hash of "path", else of "file:line")."""
+    """One {"prompt", "response", "system"?, "path"?} or {"messages": [...], "path"?} object per
+    line, validated; split like a JSONL corpus (by the hash of "path", else of "file:line")."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"SFT file {path!r} does not exist")
     examples, keys = [], []
@@ -210,7 +246,7 @@ def load_sft_jsonl(
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: expected a JSON object")
             try:
-                example_messages(record)
+                check_example(record)
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from e
             examples.append(record)
@@ -218,20 +254,47 @@ def load_sft_jsonl(
     return [examples[i] for i in corpus_lib.select_split(keys, split, heldout_fraction)]
 
 
+# The "functions" spec: oracle conversations of generated function tasks (c2/envs/functions.py),
+# the train split's templates for training, the eval split's for held-out batches.
+FUNCTIONS_SEED = 0
+FUNCTIONS_COUNTS = {"train": 4000, "heldout": 256}
+
+
+def function_task_conversations(split: str = "train") -> list[dict]:
+    """{"messages", "path"} oracle conversations of generated function tasks: split "train" ->
+    the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox."""
+    from c2.envs import functions  # the environments package, only for this spec
+
+    split = "heldout" if split == "eval" else split
+    if split not in FUNCTIONS_COUNTS:
+        raise ValueError(
+            f"'functions' SFT split {split!r}: expected one of {list(FUNCTIONS_COUNTS)}"
+        )
+    tasks = functions.function_tasks(
+        FUNCTIONS_COUNTS[split], FUNCTIONS_SEED, "train" if split == "train" else "eval"
+    )
+    return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
+
+
 def load_sft_examples(
     spec: str | Sequence[Mapping[str, str]], split: str = "train"
 ) -> Sequence[Mapping[str, str]]:
     """SFT examples from a spec.
 
-    "stdlib" or a directory: the functions of its `split`; a .jsonl of {"prompt", "response"}:
-    its `split` (2% held out); a sequence of example dicts: used as is.
+    "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
+    conversations of generated function tasks (train or held-out templates); a .jsonl of
+    {"prompt", "response"} or {"messages"}: its `split` (2% held out); a sequence of example
+    dicts: used as is.
     """
     if not isinstance(spec, str):
         return spec
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
+    if spec == "functions":
+        return function_task_conversations(split)
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(
-        f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path"
+        f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
+        "or 'functions'"
     )
