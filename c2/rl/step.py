@@ -1,0 +1,486 @@
+"""The RL train step (RECIPE.md s2): router-replayed log-probs, rewards, advantages, mismatch
+filter, policy-gradient loss, gradients accumulated over micro-batches, one Adam update.
+
+The learner is algorithm-blind beyond `ObjectiveConfig`: every choice is a function of
+c2.rl.objectives, composed as c2/rl/objectives/loss.py describes. Three policies, kept apart:
+behaviour (`batch["behaviour_logp"]`, recorded by the engine), current (the trainer's forward
+with `params`) and reference (`ref_params`, the frozen RL start, for k1).
+
+Log-probs are those of each row's *sampling* distribution (temperature, top-k, top-p), with the
+engine's experts replayed (`routing=`), so they compare with the behaviour log-probs token by
+token; a target the recomputed top-k/top-p excludes is dropped and counted. The KL to the
+reference compares logits / temperature without the top-k/top-p truncation, in both placements:
+the truncation belongs to the sampler, and the reference's truncated support may miss a sampled
+token (an infinite k1).
+
+Micro-batch i holds rows i, i + n, i + 2n, ... (n micro-batches): each device keeps its own
+rows, and the whole-batch steps (groups, quantiles, normalisers) run before the split, so the
+update does not depend on the micro-batch size. No aux-loss-free router-bias update here:
+the router's experts are replayed, and the bias stays as the RL start left it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from c2 import model as model_lib
+from c2 import sharding
+from c2.infer.sampling import sampling_logprobs
+from c2.model.config import ModelConfig
+from c2.rl.batching import BATCH_KEYS, ROW_KEYS, TOKEN_KEYS
+from c2.rl.objectives import (
+    REWARD_SIGNS,
+    EffortWeights,
+    ObjectiveConfig,
+    aggregate_loss,
+    combine_rewards,
+    effort,
+    kl_token_loss,
+    length_penalty,
+    loss_normalizers,
+    objective_advantages,
+    objective_mismatch_filter,
+    rl_loss,
+    sequence_kl,
+)
+from c2.rl.objectives.rewards import Weight
+from c2.train.loop import opt_state_shardings
+
+# Stands in for log 0 (a target outside the recomputed top-k/top-p support): finite, and masked.
+OUT_OF_SUPPORT_LOGP = -1e9
+COMPUTED_TERMS = ("kl", "length_penalty")  # reward terms the learner computes itself
+
+
+def _is_zero(weight: Weight) -> bool:
+    return not callable(weight) and float(weight) == 0.0
+
+
+class RLLearner:
+    """Builds and runs the RL step for one model, objective, optimiser and mesh.
+
+    reward_weights: term -> number or optax schedule of the step ("task" defaults to 1; the
+      "kl" weight is `objective.kl_beta`). A nonzero "length_penalty" weight turns on
+      length_penalty(effort(counts, effort_weights), length_penalty_k, length_penalty_q).
+    schedule: the optimiser's learning-rate schedule, only to report `lr`.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        objective: ObjectiveConfig,
+        tx: optax.GradientTransformation,
+        *,
+        mesh: Mesh,
+        micro_batch_size: int,
+        rules=sharding.RULES,
+        reward_weights: Mapping[str, Weight] | None = None,
+        effort_weights: EffortWeights | None = None,
+        length_penalty_k: float | None = None,
+        length_penalty_q: float | None = None,
+        schedule: optax.Schedule | None = None,
+    ):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
+        if not isinstance(objective, ObjectiveConfig):
+            raise TypeError(f"objective: expected an ObjectiveConfig, got {type(objective)}")
+        self.cfg, self.objective, self.tx, self.mesh = cfg, objective, tx, mesh
+        self.schedule = schedule
+        # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
+        self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
+
+        self.batch_devices = sharding.axis_size(mesh, sharding.BATCH_AXES)
+        if (
+            isinstance(micro_batch_size, bool)
+            or not isinstance(micro_batch_size, int)
+            or micro_batch_size < 1
+        ):
+            raise ValueError(f"micro_batch_size={micro_batch_size!r}: expected a positive int")
+        if micro_batch_size % self.batch_devices:
+            raise ValueError(
+                f"micro_batch_size={micro_batch_size} is not divisible by the mesh's batch axes "
+                f"{sharding.BATCH_AXES} of size {self.batch_devices} (mesh {dict(mesh.shape)}): "
+                "every micro-batch is spread over all of them"
+            )
+        self.micro_batch_size = micro_batch_size
+
+        weights = dict(reward_weights or {})
+        bad = sorted(set(weights) - (set(REWARD_SIGNS) - {"kl"}))
+        if bad:
+            raise ValueError(
+                f"reward_weights {bad}: not among {sorted(set(REWARD_SIGNS) - {'kl'})} (the kl "
+                "weight is objective.kl_beta)"
+            )
+        self.reward_weights = {"task": 1.0, **weights}
+        self.use_length_penalty = not _is_zero(self.reward_weights.get("length_penalty", 0.0))
+        if self.use_length_penalty:
+            if effort_weights is None or length_penalty_k is None or length_penalty_q is None:
+                raise ValueError(
+                    "reward_weights['length_penalty'] is set: give effort_weights, "
+                    f"length_penalty_k ({length_penalty_k}) and length_penalty_q "
+                    f"({length_penalty_q})"
+                )
+            if not length_penalty_k > 0:
+                raise ValueError(f"length_penalty_k={length_penalty_k}: expected > 0")
+        self._length_penalty_weight = self.reward_weights.pop("length_penalty", 0.0)
+        self.effort_weights = effort_weights
+        self.length_penalty_k, self.length_penalty_q = length_penalty_k, length_penalty_q
+        self.uses_kl_reward = objective.kl_placement == "reward" and objective.kl_beta > 0
+        self.needs_ref = self.uses_kl_reward or objective.kl_placement == "loss"
+
+        self.param_shardings = model_lib.param_shardings(cfg, mesh, rules)
+        self.abstract_params = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            model_lib.abstract_params(cfg),
+            self.param_shardings,
+        )
+        abstract_opt = jax.eval_shape(tx.init, self.abstract_params)
+        self.opt_shardings = opt_state_shardings(abstract_opt, self.abstract_params, mesh)
+
+        token_spec = sharding.batch_sharding(mesh).spec  # [B, T]: batch axes, context
+        self._specs = {k: token_spec for k in TOKEN_KEYS}
+        self._specs |= {k: P(token_spec[0]) for k in ROW_KEYS}
+        self._specs["routing"] = P(None, *token_spec, None)  # [L_moe, B, T, k]
+        self._row_spec = P(token_spec[0])
+        token_sharding = NamedSharding(mesh, token_spec)
+        self._logp_jit = jax.jit(self._logp_batch, out_shardings=(token_sharding,) * 3)
+        self._update_jit = jax.jit(
+            self._update,
+            out_shardings=(self.param_shardings, self.opt_shardings, None, None),
+            donate_argnums=(0, 1),
+        )
+
+    # State ------------------------------------------------------------------------------------
+
+    def shard_params(self, params):
+        """`params` laid out by the model's parameter shardings (a no-op where they already are)."""
+        return jax.device_put(params, self.param_shardings)
+
+    def init_opt_state(self, params):
+        """The optimiser state of `params`, each leaf sharded like the parameter it mirrors."""
+        return jax.jit(self.tx.init, out_shardings=self.opt_shardings)(self.shard_params(params))
+
+    # Public steps -------------------------------------------------------------------------------
+
+    def logprobs(self, params, batch: Mapping[str, np.ndarray]) -> jax.Array:
+        """[B, T] float32: log-prob of each target under its row's sampling distribution, experts
+        replayed. A target outside the recomputed top-k/top-p support gets OUT_OF_SUPPORT_LOGP."""
+        self.check_batch(batch)
+        return self._logp_jit(self.shard_params(params), self._put_batch(batch))[0]
+
+    def update(self, params, opt_state, ref_params, batch, terms, effort_counts, step):
+        """One optimiser step on `batch` (see c2.rl.batching); params and opt_state are donated.
+
+        terms: reward term -> [B] (from the environment: task, style, ...); effort_counts:
+        EFFORT_TERMS name -> [B] (read when the length penalty is on); step: steps taken so far
+        (the argument of reward-weight and learning-rate schedules). ref_params: the frozen RL
+        start (needed for a KL term; may be None without one).
+        Returns (params, opt_state, metrics: name -> scalar, per_sample: name -> [B]), arrays on
+        device: per_sample holds "reward" (the total), each signed "reward/<term>", "kl" and
+        "advantage".
+        """
+        B, _ = self.check_batch(batch)
+        terms, effort_counts = self._check_rewards(terms, effort_counts, B)
+        if self.needs_ref and ref_params is None:
+            raise ValueError(
+                f"ref_params is None, but the objective needs the reference policy "
+                f"(kl_placement={self.objective.kl_placement!r}, kl_beta={self.objective.kl_beta})"
+            )
+        params = self.shard_params(params)
+        if ref_params is not None:
+            ref_params = self.shard_params(ref_params)
+            shared = {id(x) for x in jax.tree.leaves(params)} & {
+                id(x) for x in jax.tree.leaves(ref_params)
+            }
+            if shared:
+                raise ValueError(
+                    "ref_params shares arrays with params, which the update donates: pass a copy "
+                    "(e.g. jax.tree.map(jnp.copy, params))"
+                )
+        opt_state = jax.device_put(opt_state, self.opt_shardings)
+        batch = self._put_batch(batch)
+        logp_BT, support_BT, kl_logp_BT = self._logp_jit(params, batch)
+        ref_kl_logp_BT = None if ref_params is None else self._logp_jit(ref_params, batch)[2]
+        rows = NamedSharding(self.mesh, self._row_spec)
+        terms = jax.device_put(terms, rows)
+        effort_counts = jax.device_put(effort_counts, rows)
+        return self._update_jit(
+            params,
+            opt_state,
+            batch,
+            logp_BT,
+            support_BT,
+            kl_logp_BT,
+            ref_kl_logp_BT,
+            terms,
+            effort_counts,
+            jnp.asarray(step, jnp.int32),
+        )
+
+    # Input checks -------------------------------------------------------------------------------
+
+    def check_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[int, int]:
+        """(B, T) of a batch from c2.rl.batching.make_batch; a ValueError naming a bad field."""
+        missing = [k for k in BATCH_KEYS if k not in batch]
+        if missing:
+            raise ValueError(f"batch lacks {missing} (make it with c2.rl.batching.make_batch)")
+        shape = np.shape(batch["inputs"])
+        if len(shape) != 2:
+            raise ValueError(f"batch['inputs'] has shape {shape}; expected [B, T]")
+        B, T = shape
+        c = self.cfg
+        want = {k: (B, T) for k in TOKEN_KEYS} | {k: (B,) for k in ROW_KEYS}
+        want["routing"] = (c.n_moe_layers, B, T, c.n_experts_per_token)
+        for key, expected in want.items():
+            if np.shape(batch[key]) != expected:
+                raise ValueError(
+                    f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} "
+                    f"(B={B}, T={T} from batch['inputs'])"
+                )
+        for key in ("inputs", "targets", "positions", "segment_ids", "routing", "top_k"):
+            if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
+                raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
+        mb = self.micro_batch_size
+        if B % mb:
+            raise ValueError(f"batch size B={B} is not divisible by micro_batch_size={mb}")
+        if B % self.objective.group_size:
+            raise ValueError(
+                f"batch size B={B} is not a multiple of group_size={self.objective.group_size}"
+            )
+        sharding.check_divisible(self.mesh, batch=B, seq=T)
+        return B, T
+
+    def _check_rewards(self, terms, effort_counts, B: int):
+        terms = dict(terms)
+        for name in terms:
+            if name in COMPUTED_TERMS:
+                raise ValueError(f"terms[{name!r}]: the learner computes this term itself")
+            if name not in REWARD_SIGNS:
+                raise ValueError(f"terms[{name!r}]: not among {sorted(REWARD_SIGNS)}")
+            if name not in self.reward_weights:
+                raise ValueError(f"terms[{name!r}] has no weight in reward_weights")
+        weighted = {n for n, w in self.reward_weights.items() if not _is_zero(w)}
+        missing = sorted(weighted - set(terms))
+        if missing:
+            raise ValueError(f"terms lack {missing}, which reward_weights weights (nonzero)")
+        out_terms = {}
+        for name, value in terms.items():
+            value = np.asarray(value, np.float32)
+            if value.shape != (B,):
+                raise ValueError(f"terms[{name!r}] has shape {value.shape}; expected [B={B}]")
+            if not np.isfinite(value).all():
+                raise ValueError(f"terms[{name!r}] holds non-finite rewards")
+            out_terms[name] = value
+        out_effort = {}
+        if self.use_length_penalty:
+            for name, value in dict(effort_counts or {}).items():
+                value = np.asarray(value, np.float32)
+                if value.shape != (B,):
+                    raise ValueError(
+                        f"effort_counts[{name!r}] has shape {value.shape}; expected [B={B}]"
+                    )
+                if not (np.isfinite(value) & (value >= 0)).all():
+                    raise ValueError(f"effort_counts[{name!r}]: expected finite counts >= 0")
+                out_effort[name] = value
+            needed = [n for n, w in vars(self.effort_weights).items() if w]
+            lacking = [n for n in needed if n not in out_effort]
+            if lacking:
+                raise ValueError(f"effort_counts lack {lacking}, weighted in effort_weights")
+        return out_terms, out_effort
+
+    def _put_batch(self, batch):
+        return {
+            k: jax.device_put(np.asarray(batch[k]), NamedSharding(self.mesh, self._specs[k]))
+            for k in BATCH_KEYS
+        }
+
+    # Micro-batches ------------------------------------------------------------------------------
+
+    def _split(self, x, axis: int):
+        """[..., B, ...] -> [n, ..., mb, ...]: micro-batch i holds rows i, i + n, ..."""
+        mb = self.micro_batch_size
+        n = x.shape[axis] // mb
+        x = x.reshape(x.shape[:axis] + (mb, n) + x.shape[axis + 1 :])
+        return jnp.moveaxis(x, axis + 1, 0)
+
+    def _micro(self, arrays: dict) -> dict:
+        out = {}
+        for k, x in arrays.items():
+            if x is None:
+                continue
+            axis = 1 if k == "routing" else 0
+            spec = self._specs.get(k, self._specs["target_mask"] if x.ndim == 2 else self._row_spec)
+            out[k] = jax.lax.with_sharding_constraint(
+                self._split(x, axis), NamedSharding(self.mesh, P(None, *spec))
+            )
+        return out
+
+    @staticmethod
+    def _merge(x_nBT):
+        """[n, mb, T] -> [B, T], the inverse of _split."""
+        n, mb = x_nBT.shape[:2]
+        return jnp.moveaxis(x_nBT, 0, 1).reshape((n * mb,) + x_nBT.shape[2:])
+
+    # Traced functions ---------------------------------------------------------------------------
+
+    def _token_logp(self, params, mb: dict):
+        """Per micro-batch [mb, T]: the sampling distribution's log-prob of each target (finite),
+        whether the target is in its support, and the log-prob under logits / temperature with no
+        top-k/top-p (what KL compares: the reference's support need not hold the target)."""
+        logits_BTV, _ = model_lib.forward(
+            params,
+            mb["inputs"],
+            self._fwd_cfg,
+            positions=mb["positions"],
+            segment_ids=mb["segment_ids"],
+            routing=mb["routing"],
+            mesh=self.mesh,
+        )
+        B, T, V = logits_BTV.shape
+        per_token = lambda x_B: jnp.broadcast_to(x_B[:, None], (B, T)).reshape(B * T)  # noqa: E731
+        logp_NV = sampling_logprobs(
+            logits_BTV.reshape(B * T, V),
+            per_token(mb["temperature"]),
+            per_token(mb["top_k"]),
+            per_token(mb["top_p"]),
+        )
+        targets_N1 = mb["targets"].reshape(B * T, 1)
+        logp_BT = jnp.take_along_axis(logp_NV, targets_N1, axis=-1).reshape(B, T)
+        in_support_BT = logp_BT > -jnp.inf
+        temperature_B = jnp.where(mb["temperature"] > 0, mb["temperature"], 1.0)
+        scaled_BTV = logits_BTV / temperature_B[:, None, None]
+        target_BT = jnp.take_along_axis(scaled_BTV, mb["targets"][..., None], axis=-1)[..., 0]
+        kl_logp_BT = target_BT - jax.nn.logsumexp(scaled_BTV, axis=-1)
+        logp_BT = jnp.where(in_support_BT, logp_BT, OUT_OF_SUPPORT_LOGP)
+        return logp_BT, in_support_BT, kl_logp_BT
+
+    def _logp_batch(self, params, batch):
+        def body(_, mb):
+            return None, self._token_logp(params, mb)
+
+        _, out = jax.lax.scan(body, None, self._micro(batch))
+        return tuple(self._merge(x_nBT) for x_nBT in out)
+
+    def _rewards(self, kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step):
+        """(total_B, combine_rewards' log, kl_B): the environment's terms plus k1 and length."""
+        obj = self.objective
+        terms = dict(terms)
+        weights = {n: self.reward_weights[n] for n in terms}
+        kl_B = jnp.zeros(keep_BT.shape[:1], jnp.float32)
+        if ref_kl_logp_BT is not None:
+            kl_B = sequence_kl(kl_logp_BT, ref_kl_logp_BT, keep_BT, obj.kl_kind)
+        if self.uses_kl_reward:
+            terms["kl"], weights["kl"] = kl_B, obj.kl_beta
+        if self.use_length_penalty:
+            x_B = effort(effort_counts, self.effort_weights)
+            terms["length_penalty"] = length_penalty(
+                x_B, self.length_penalty_k, self.length_penalty_q
+            )
+            weights["length_penalty"] = self._length_penalty_weight
+        total_B, log = combine_rewards(terms, weights, step)
+        return total_B, log, kl_B
+
+    def _update(
+        self,
+        params,
+        opt_state,
+        batch,
+        logp_BT,
+        support_BT,
+        kl_logp_BT,
+        ref_kl_logp_BT,
+        terms,
+        effort_counts,
+        step,
+    ):
+        obj = self.objective
+        # rl_loss composes the policy-gradient term; a KL loss term (the "loss" placement) is added
+        # here, on the temperature-only log-probs (see _token_logp).
+        pg_obj = dataclasses.replace(obj, kl_placement="reward")
+        kl_in_loss = obj.kl_placement == "loss"
+        valid_B = batch["valid"]
+        behaviour_BT = batch["behaviour_logp"]
+        targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
+        mask_BT = targets_BT & support_BT
+
+        # The whole batch first: mismatch quantile, rewards, group advantages, normalisers.
+        keep_BT, mismatch = objective_mismatch_filter(obj, logp_BT, behaviour_BT, mask_BT)
+        total_B, log, kl_B = self._rewards(
+            kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
+        )
+        adv_B = objective_advantages(obj, total_B, valid_B)
+        normalizers = loss_normalizers(keep_BT)
+        _, whole = rl_loss(pg_obj, logp_BT, behaviour_BT, adv_B, keep_BT, **normalizers)
+
+        def loss_fn(p, mb):
+            logp, _, kl_logp = self._token_logp(p, mb)
+            loss, m = rl_loss(
+                pg_obj, logp, mb["behaviour_logp"], mb["advantages"], mb["keep"], **normalizers
+            )
+            if kl_in_loss:
+                kl_BT = kl_token_loss(
+                    kl_logp, mb["ref_kl_logp"], mb["keep"], obj.kl_kind, obj.kl_beta
+                )
+                m["kl_loss"] = aggregate_loss(
+                    kl_BT, mb["keep"], obj.aggregation, constant=obj.loss_constant, **normalizers
+                )
+                loss = m["loss"] = loss + m["kl_loss"]
+            return loss, m
+
+        loss_keys = ("loss", "pg_loss") + (("kl_loss",) if kl_in_loss else ())
+
+        def body(carry, mb):
+            grads, sums = carry
+            (_, m), g = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+            grads = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), grads, g)
+            return (grads, {k: sums[k] + m[k] for k in loss_keys}), None
+
+        micro_in = {
+            k: batch[k]
+            for k in ("inputs", "positions", "segment_ids", "targets", "routing")
+            + ("temperature", "top_k", "top_p", "behaviour_logp")
+        }
+        micro_in |= {"advantages": adv_B, "keep": keep_BT, "ref_kl_logp": ref_kl_logp_BT}
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+        zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
+        init = (zeros, {k: jnp.zeros((), jnp.float32) for k in loss_keys})
+        (grads, sums), _ = jax.lax.scan(body, init, self._micro(micro_in))
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+
+        updates, opt_state = self.tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+
+        n_valid = jnp.maximum(valid_B.sum(), 1).astype(jnp.float32)
+        per_valid = lambda x_B: jnp.where(valid_B, x_B, 0.0).sum() / n_valid  # noqa: E731
+        metrics = dict(sums)
+        metrics |= {
+            "grad_norm": optax.tree.norm(grads),
+            "update_norm": optax.tree.norm(updates),
+            "kl": per_valid(kl_B),
+            "advantage_abs_mean": per_valid(jnp.abs(adv_B)),
+            "valid_samples": valid_B.sum().astype(jnp.float32),
+            "target_tokens": targets_BT.sum().astype(jnp.float32),
+            "kept_tokens": keep_BT.sum().astype(jnp.float32),
+            "tokens_out_of_support": (targets_BT & ~support_BT).sum().astype(jnp.float32),
+        }
+        if self.schedule is not None:
+            metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)
+        metrics |= {k: v for k, v in whole.items() if k.startswith(("is_", "frac_"))}
+        metrics |= mismatch
+        per_sample = {"reward": total_B, "kl": kl_B, "advantage": adv_B}
+        for name, value in log.items():
+            if name.startswith("weight/"):
+                metrics[name] = value
+            elif name != "reward/total":
+                per_sample[name] = value
+                metrics[name] = per_valid(value)
+        metrics["reward/total"] = per_valid(total_B)
+        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        return params, opt_state, metrics, per_sample

@@ -1,0 +1,404 @@
+"""The RL step: replayed log-probs equal the engine's, a policy-gradient step raises a rewarded
+action's probability, micro-batch and device splits give the same update, frozen leaves stay
+where they are, bad inputs are named.
+
+One tiny float32 model; every learner is built once per module (compiles dominate the runtime).
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2 import model, sharding
+from c2.infer import Engine
+from c2.rl.batching import make_batch, reward_arrays
+from c2.rl.objectives import EffortWeights, ObjectiveConfig
+from c2.rl.records import Sample
+from c2.rl.step import OUT_OF_SUPPORT_LOGP, RLLearner
+from c2.train.config import stage_defaults
+from c2.train.optimizer import make_optimizer, param_labels
+
+CFG = model.presets.get(
+    "tiny_kimi_k2",
+    dtype="float32",
+    vocab_size=64,
+    max_seq_len=64,
+    d_model=64,
+    n_layers=2,
+    mtp_depth=0,
+)
+B, T, G = 8, 32, 4  # batch rows, the one sequence bucket, group size
+MICRO = 4  # the reference learner's micro-batch size
+FROZEN = "router_bias|e_score_correction_bias|final_norm"  # the default, and one more
+OBJECTIVE = ObjectiveConfig(group_size=G, loss_constant=float(G * T), kl_beta=0.05)
+WEIGHTS = {"style": 0.5, "tool_call_penalty": 1.0, "length_penalty": 0.01}
+EFFORT = {"thinking_tokens": 0.0, "tool_call_tokens": 0.0, "final_message_tokens": 0.0}
+ONE_DEVICE = sharding.make_mesh(devices=jax.devices()[:1])
+GOOD, BAD = 7, 11
+
+
+def make_learner(mesh, micro_batch_size, **kw):
+    opt = stage_defaults().optimizer
+    opt.lr, opt.schedule, opt.warmup_steps, opt.frozen = 1e-3, "constant", 0, FROZEN
+    # First-step Adam is lr * g / (|g| + eps): with eps >> float noise in g, equal-up-to-rounding
+    # gradients give equal updates (with 1e-8 a near-zero gradient's sign would decide).
+    opt.eps = 1e-3
+    tx, schedule = make_optimizer(opt, 100, model.abstract_params(CFG))
+    kw = (
+        dict(
+            mesh=mesh,
+            micro_batch_size=micro_batch_size,
+            reward_weights=WEIGHTS,
+            effort_weights=EffortWeights(),
+            length_penalty_k=0.05,
+            length_penalty_q=0.5,
+            schedule=schedule,
+        )
+        | kw
+    )
+    return RLLearner(CFG, OBJECTIVE, tx, **kw)
+
+
+def copy(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+def host(tree):
+    return jax.tree.map(np.asarray, jax.device_get(tree))
+
+
+@pytest.fixture(scope="module")
+def params():
+    p = model.init_params(CFG, jax.random.key(0, impl="unsafe_rbg"))
+    # A nonzero router bias, so "it did not move" can fail.
+    bias = p["moe_layers"]["mlp"]["router_bias"]
+    p["moe_layers"]["mlp"]["router_bias"] = 0.1 * jax.random.normal(jax.random.key(1), bias.shape)
+    return p
+
+
+@pytest.fixture(scope="module")
+def learner():
+    return make_learner(ONE_DEVICE, MICRO)
+
+
+def make_sample(tokens, n_prompt, group, index, rng, *, routing=None, **fields):
+    n = len(tokens)
+    gen = np.arange(n) >= n_prompt
+    if routing is None:
+        routing = np.argsort(rng.random((n, CFG.n_moe_layers, CFG.n_experts)), -1)
+        routing = routing[..., : CFG.n_experts_per_token]
+    kw = dict(
+        prompt_id=f"p{group}",
+        group_id=f"g{group}",
+        sample_index=index,
+        task_id="t",
+        tokens=np.asarray(tokens, np.int32),
+        loss_mask=gen.astype(np.uint8),
+        logprobs=np.zeros(n, np.float32),  # set from the model by with_behaviour
+        versions=np.where(gen, 0, -1).astype(np.int32),
+        routing=np.asarray(routing, np.uint8),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        reward_terms={"task": 0.0, "style": 0.0, "tool_call_penalty": 0.0},
+        effort=dict(EFFORT),
+        passed=True,
+        stop_reason="stop",
+    )
+    return Sample(**(kw | fields))
+
+
+def with_behaviour(learner, params, batch, noise=0.0, seed=0):
+    """The batch with behaviour log-probs = the model's own (+ noise: an engine that differs)."""
+    logp = np.asarray(learner.logprobs(params, batch))
+    noise = noise * np.random.default_rng(seed).standard_normal(logp.shape)
+    batch["behaviour_logp"] = np.where(batch["target_mask"] > 0, logp + noise, 0.0).astype(
+        np.float32
+    )
+    return batch
+
+
+@pytest.fixture(scope="module")
+def random_batch(params, learner):
+    """Two groups of random sequences with per-row sampling settings and rewards."""
+    rng = np.random.default_rng(0)
+    samples = []
+    settings = [{}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 16, "temperature": 0.8}]
+    for g in range(B // G):
+        for i in range(G):
+            n = int(rng.integers(12, T + 1))
+            rewards = {
+                "task": float(rng.integers(0, 2)),
+                "style": float(rng.random()),
+                "tool_call_penalty": float(rng.integers(0, 3)),
+            }
+            effort = dict(EFFORT, thinking_tokens=float(rng.integers(0, 50)))
+            samples.append(
+                make_sample(
+                    rng.integers(0, CFG.vocab_size, n),
+                    int(rng.integers(4, 9)),
+                    g,
+                    i,
+                    rng,
+                    reward_terms=rewards,
+                    effort=effort,
+                    **settings[i],
+                )
+            )
+    batch = make_batch(samples, batch_size=B, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    batch = with_behaviour(learner, params, batch, noise=0.05)
+    terms, effort = reward_arrays(samples, B)
+    return batch, terms, effort
+
+
+def run_update(learner, params, batch, terms, effort, ref_scale=0.99):
+    p = learner.shard_params(copy(params))
+    ref = jax.tree.map(lambda x: x * ref_scale, p)  # a reference a little away: k1 is nonzero
+    out = learner.update(p, learner.init_opt_state(p), ref, batch, terms, effort, 0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(params, learner, random_batch):
+    """One update on one device, micro-batches of MICRO rows: what every split must equal."""
+    new, opt_state, metrics, per_sample = run_update(learner, params, *random_batch)
+    return host(new), host(metrics), host(per_sample)
+
+
+def test_logprobs_equal_the_engines_with_router_replay(params, learner):
+    """Multi-turn episodes from the engine (turn, tool tokens, turn) at temperature 0.7, alone
+    and with top-k or top-p: the learner's router-replayed log-probs of every generated token
+    equal the behaviour log-probs the engine recorded."""
+    engine = Engine(params, CFG, max_slots=3, max_len=T, prefill_chunk=16, seed=1)
+    settings = [{}, {"top_k": 5}, {"top_p": 0.8}]
+    rids = [
+        engine.submit(list(range(3 + i, 9 + 2 * i)), 5, multi_turn=True, temperature=0.7, **kw)
+        for i, kw in enumerate(settings)
+    ]
+    while engine.has_work():
+        engine.step()
+    for rid in rids:
+        engine.extend(rid, [20, 21, 22], max_new_tokens=5)
+    while engine.has_work():
+        engine.step()
+    samples = []
+    for i, (rid, kw) in enumerate(zip(rids, settings)):
+        traj = engine.release(rid)
+        assert len(traj.routed_experts) == len(traj.token_ids)
+        samples.append(
+            Sample(
+                prompt_id="p",
+                group_id="g",
+                sample_index=i,
+                task_id="t",
+                tokens=traj.token_ids,
+                loss_mask=traj.generated.astype(np.uint8),
+                logprobs=traj.logprobs,
+                versions=traj.versions,
+                routing=traj.routed_experts,
+                temperature=0.7,
+                top_p=kw.get("top_p", 1.0),
+                top_k=kw.get("top_k", 0),
+                reward_terms={"task": 0.0},
+                effort={},
+                passed=False,
+                stop_reason="length",
+            )
+        )
+    batch = make_batch(samples, batch_size=B, seq_buckets=(T,), cfg=CFG, pad_id=0)
+    mask = batch["target_mask"] > 0
+    assert mask.sum() == sum(s.generated_tokens for s in samples) == 3 * 10  # two turns of 5
+    logp = np.asarray(learner.logprobs(params, batch))
+    assert (logp[mask] > OUT_OF_SUPPORT_LOGP).all()
+    np.testing.assert_allclose(logp[mask], batch["behaviour_logp"][mask], atol=5e-5)
+    assert (batch["target_versions"][mask] == 0).all()
+
+
+def pg_batch(learner, params):
+    """Two groups from one prompt whose first generated token is GOOD (task reward 1), BAD
+    (tool-call penalty 1) or another id (nothing), with the model's own log-probs."""
+    rng = np.random.default_rng(1)
+    prompt = [1, 2, 3, 4, 5, 6]
+    shared = make_sample(prompt + [0], len(prompt), 0, 0, rng).routing  # one routing: one policy
+    samples = []
+    for g, others in enumerate([(20, 30), (40, 50)]):
+        for i, tok in enumerate((GOOD, BAD) + others):
+            terms = {
+                "task": float(tok == GOOD),
+                "style": 0.0,
+                "tool_call_penalty": float(tok == BAD),
+            }
+            samples.append(
+                make_sample(
+                    prompt + [tok], len(prompt), g, i, rng, routing=shared, reward_terms=terms
+                )
+            )
+    batch = make_batch(samples, batch_size=B, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    batch = with_behaviour(learner, params, batch)
+    return batch, *reward_arrays(samples, B)
+
+
+def test_policy_gradient_raises_the_rewarded_action(params, learner):
+    """Two steps on the toy task: the exact probability of the rewarded first token rises, the
+    penalised one's falls, so the expected reward P(GOOD) - P(BAD) rises."""
+    batch, terms, effort = pg_batch(learner, params)
+    pos = 5  # the last prompt position predicts the first generated token
+
+    def probs(p):
+        logp = np.asarray(learner.logprobs(p, batch))
+        return np.exp(logp[0, pos]), np.exp(logp[1, pos])
+
+    p = learner.shard_params(copy(params))
+    ref = copy(p)
+    opt_state = learner.init_opt_state(p)
+    seen = [probs(p)]
+    for step in range(2):
+        p, opt_state, metrics, per_sample = learner.update(
+            p, opt_state, ref, batch, terms, effort, step
+        )
+        seen.append(probs(p))
+        if step == 0:  # the current policy is the reference: k1 is exactly 0
+            np.testing.assert_array_equal(per_sample["kl"], 0.0)
+            np.testing.assert_allclose(per_sample["advantage"], [1, -1, 0, 0] * 2, atol=1e-6)
+            assert float(metrics["target_tokens"]) == float(metrics["kept_tokens"]) == B
+            assert float(metrics["tokens_out_of_support"]) == 0
+            assert float(metrics["is_ratio_max"]) == pytest.approx(1.0, abs=1e-6)
+    good, bad = np.array(seen).T
+    assert (np.diff(good) > 0).all() and (np.diff(bad) < 0).all(), seen
+    assert good[-1] - bad[-1] > good[0] - bad[0] + 1e-3, seen
+
+
+def test_targets_outside_the_support_are_dropped_and_counted(params, learner):
+    """top_k=2 on the first group: the targets outside a row's two likeliest ids get
+    OUT_OF_SUPPORT_LOGP, are counted, and train nothing; the update stays finite."""
+    batch, terms, effort = pg_batch(learner, params)
+    batch["top_k"][:G] = 2
+    mask = batch["target_mask"] > 0
+    logp = np.asarray(learner.logprobs(params, batch))
+    outside = mask & (logp == OUT_OF_SUPPORT_LOGP)
+    assert 0 < outside.sum() < mask.sum()
+    batch["behaviour_logp"] = np.where(outside, -1.0, batch["behaviour_logp"]).astype(np.float32)
+    p = learner.shard_params(copy(params))
+    new, _, metrics, _ = learner.update(
+        p, learner.init_opt_state(p), copy(p), batch, terms, effort, 0
+    )
+    assert float(metrics["tokens_out_of_support"]) == outside.sum()
+    assert float(metrics["kept_tokens"]) == mask.sum() - outside.sum()
+    assert np.isfinite(float(metrics["loss"])) and np.isfinite(float(metrics["grad_norm"]))
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(host(new)))
+
+
+def test_reference_update_metrics(reference, random_batch):
+    """The metrics and per-sample outputs of a step are there and consistent."""
+    _, metrics, per_sample = reference
+    batch, terms, _ = random_batch
+    for key in ("loss", "pg_loss", "grad_norm", "update_norm", "lr", "kl", "mismatch_p99"):
+        assert np.isfinite(metrics[key]), key
+    for key in ("is_weight_mean", "frac_tokens_dropped", "tokens_out_of_support"):
+        assert key in metrics
+    assert metrics["lr"] == pytest.approx(1e-3)
+    assert metrics["grad_norm"] > 0 and metrics["update_norm"] > 0
+    assert metrics["target_tokens"] == batch["target_mask"].sum()
+    assert 0 < metrics["frac_tokens_dropped"] < 0.05  # the p99 filter drops about 1%
+    # k1 is nonzero wherever tokens are kept (the top_k=16 rows' random targets all fall out).
+    kept_rows = (batch["top_k"] != 16) & batch["valid"]
+    assert (per_sample["kl"][kept_rows] != 0).all() and kept_rows.sum() == 6
+    signed = [per_sample[f"reward/{n}"] for n in ("task", "style", "tool_call_penalty")]
+    signed += [per_sample["reward/kl"], per_sample["reward/length_penalty"]]
+    np.testing.assert_allclose(sum(signed), per_sample["reward"], atol=1e-6)
+    np.testing.assert_allclose(per_sample["reward/tool_call_penalty"], -terms["tool_call_penalty"])
+    np.testing.assert_allclose(per_sample["reward/kl"], -0.05 * per_sample["kl"], rtol=1e-6)
+    assert (per_sample["reward/length_penalty"] < 0).all()
+    adv = per_sample["advantage"].reshape(-1, G)
+    np.testing.assert_allclose(adv.sum(-1), 0.0, atol=1e-5)  # group mean baseline
+    assert metrics["reward/total"] == pytest.approx(per_sample["reward"].mean(), rel=1e-5)
+
+
+def test_micro_batches_give_the_same_update(params, reference, random_batch):
+    """8 micro-batches of 1 row give the update of 2 micro-batches of 4 rows (and the sharded
+    test below, 1 micro-batch of 8 rows). Metrics and per-sample values differ by float noise
+    of the forward at another batch shape (k1 sums ~20 token differences of ~4-nat log-probs)."""
+    new, _, metrics, per_sample = run_update(make_learner(ONE_DEVICE, 1), params, *random_batch)
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_equals_single_device(params, reference, random_batch):
+    """On 8 devices (data 2, fsdp 2, expert 2; experts exchanged all-to-all) the update, its
+    metrics and per-sample outputs equal one device's, and params and optimiser state keep
+    their shardings."""
+    mesh = sharding.make_mesh(data=2, fsdp=2, expert=2)
+    learner8 = make_learner(mesh, 8)
+    new, opt_state, metrics, per_sample = run_update(learner8, params, *random_batch)
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+    same = lambda a, s: a.sharding.is_equivalent_to(s, a.ndim)  # noqa: E731
+    assert all(jax.tree.leaves(jax.tree.map(same, new, learner8.param_shardings)))
+    assert all(jax.tree.leaves(jax.tree.map(same, opt_state, learner8.opt_shardings)))
+    assert new["moe_layers"]["mlp"]["w_gate"].sharding.spec[1] == "expert"
+
+
+def test_router_bias_and_frozen_leaves_do_not_move(params, reference):
+    """No aux-loss-free bias update in RL, and the optimiser's frozen leaves (router bias, final
+    norm) stay bit for bit; the other leaves move."""
+    new, _, _ = reference
+    old = host(params)
+    labels = param_labels(old, FROZEN)
+    np.testing.assert_array_equal(
+        new["moe_layers"]["mlp"]["router_bias"], old["moe_layers"]["mlp"]["router_bias"]
+    )
+    moved = jax.tree.map(lambda a, b: bool(np.any(a != b)), new, old)
+    flat_labels = jax.tree_util.tree_leaves_with_path(labels)
+    flat_moved = jax.tree.leaves(moved)
+    frozen = [
+        jax.tree_util.keystr(p)
+        for (p, lab), m in zip(flat_labels, flat_moved)
+        if lab == "frozen" and m
+    ]
+    assert not frozen, f"frozen leaves moved: {frozen}"
+    n_frozen = sum(lab == "frozen" for _, lab in flat_labels)
+    assert n_frozen == 2  # the router bias and the final norm
+    trained = [m for (_, lab), m in zip(flat_labels, flat_moved) if lab == "train"]
+    assert sum(trained) >= 0.9 * len(trained)
+
+
+def test_bad_inputs_are_named(params, learner, random_batch):
+    batch, terms, effort = random_batch
+    p = learner.shard_params(params)
+    ref = copy(p)
+
+    def update(b=batch, t=terms, e=effort, r=ref):
+        return learner.update(p, None, r, b, t, e, 0)
+
+    with pytest.raises(ValueError, match=r"batch lacks \['routing'\]"):
+        update(b={k: v for k, v in batch.items() if k != "routing"})
+    with pytest.raises(ValueError, match=r"batch\['target_mask'\] has shape \(8, 31\)"):
+        update(b=batch | {"target_mask": batch["target_mask"][:, 1:]})
+    with pytest.raises(ValueError, match=r"batch\['routing'\] has shape"):
+        update(b=batch | {"routing": batch["routing"][:, :, :, :2]})
+    with pytest.raises(ValueError, match="B=6 is not divisible by micro_batch_size=4"):
+        update(b={k: v[:, :6] if k == "routing" else v[:6] for k, v in batch.items()})
+    with pytest.raises(ValueError, match=r"terms lack \['style'\]"):
+        update(t={k: v for k, v in terms.items() if k != "style"})
+    with pytest.raises(ValueError, match=r"terms\['task'\] has shape \(4,\)"):
+        update(t=terms | {"task": terms["task"][:4]})
+    with pytest.raises(ValueError, match=r"terms\['kl'\]: the learner computes"):
+        update(t=terms | {"kl": terms["task"]})
+    with pytest.raises(ValueError, match=r"effort_counts lack \['thinking_tokens'\]"):
+        update(e={k: v for k, v in effort.items() if k != "thinking_tokens"})
+    with pytest.raises(ValueError, match="ref_params is None"):
+        update(r=None)
+    with pytest.raises(ValueError, match="ref_params shares arrays with params"):
+        update(r=p)
+    with pytest.raises(ValueError, match=r"micro_batch_size=4 is not divisible by the mesh's"):
+        make_learner(sharding.make_mesh(data=2, fsdp=2, expert=2), 4)
+    with pytest.raises(ValueError, match=r"reward_weights \['speed'\]"):
+        make_learner(ONE_DEVICE, 4, reward_weights={"speed": 1.0})
+    with pytest.raises(ValueError, match="length_penalty_k"):
+        make_learner(ONE_DEVICE, 4, length_penalty_k=None)
