@@ -160,7 +160,7 @@ def findings(results: dict) -> list[str]:
     return lines
 
 
-RL_PLOTS = ("rewards", "penalties", "heldout", "mismatch", "throughput", "episodes")
+RL_PLOTS = ("rewards", "penalties", "heldout", "mismatch", "throughput", "episodes", "optim")
 
 
 def _rl_section(stages: dict, workdir: Path) -> list[str]:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import ml_collections
 
+from c2 import sharding
 from c2.rl.episodes import RolloutConfig
 from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
 from c2.train import lm
-from c2.train.config import ConfigError, stage_defaults, validate_stage
+from c2.train.config import ConfigError, check_structure, stage_defaults
 
 # Reward terms the environment produces, besides the trainer's "kl" and "length_penalty".
 EPISODE_TERMS = ("task", "style", "communication", "tool_call_penalty")
@@ -146,7 +148,7 @@ def _positive(config, *names, allow_zero=False):
 
 def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_files: bool = True):
     """The whole RL stage check: (mesh sizes, ModelConfig, ObjectiveConfig, RolloutConfig)."""
-    validate_stage(config, num_devices, schema=rl_stage_defaults())
+    check_structure(config, rl_stage_defaults())
     r = config.rl
     _positive(config, "group_size", "prompts_per_step", "micro_batch_size", "eval.tasks")
     _positive(config, "eval.samples", "rollout.engine_slots", "rollout.tool_workers")
@@ -175,6 +177,13 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     if r.eval.samples < 1:
         raise ConfigError("config.rl.eval.samples: expected >= 1")
     mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
+    batch_devices = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)
+    if r.micro_batch_size % batch_devices:
+        raise ConfigError(
+            f"config.rl.micro_batch_size={r.micro_batch_size} is not divisible by the mesh's "
+            f"batch axes {sharding.BATCH_AXES} of total size {batch_devices}: every micro-batch "
+            "is spread over all of them"
+        )
     if r.rollout.max_tokens > cfg.max_seq_len:
         raise ConfigError(
             f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the model's "

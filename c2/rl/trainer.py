@@ -52,10 +52,11 @@ log = logging.getLogger(__name__)
 CURVES = {
     "rewards": ("reward/total", "reward/task", "reward/style", "reward/communication"),
     "penalties": ("reward/tool_call_penalty", "reward/length_penalty", "reward/kl", "kl"),
-    "heldout": ("eval_pass@1", "eval_best_of_k"),
-    "mismatch": ("mismatch/p50", "mismatch/p99", "mismatch/max"),
-    "throughput": ("generated_tokens_per_s", "train_tokens_per_s"),
-    "episodes": ("pass_rate", "turns_mean", "generated_tokens_mean"),
+    "heldout": ("eval_pass@1", "eval_best_of_k", "pass_rate"),
+    "mismatch": ("mismatch_p50", "mismatch_p99", "mismatch_max", "frac_tokens_dropped"),
+    "throughput": ("generated_tokens_per_s", "train_tokens_per_s", "step_time_s"),
+    "episodes": ("turns_mean", "generated_tokens_mean", "invalid_tool_calls_mean"),
+    "optim": ("loss", "grad_norm", "update_norm", "lr"),
 }
 
 

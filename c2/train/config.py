@@ -208,18 +208,14 @@ def sharding_rules(config: ml_collections.ConfigDict) -> dict:
 
 
 def check_structure(config: ml_collections.ConfigDict, schema: ml_collections.ConfigDict) -> None:
-    """Unknown fields, missing fields and wrong types against `schema`, naming the field."""
+    """Unknown fields, missing fields and wrong types against `schema` (a stage kind's defaults,
+    e.g. the RL stage's), naming the field."""
     _check_structure(config, schema, "")
 
 
-def validate_stage(
-    config: ml_collections.ConfigDict,
-    num_devices: int,
-    schema: ml_collections.ConfigDict | None = None,
-) -> dict[str, int]:
-    """Checks a stage config completely; returns the resolved mesh axis sizes. `schema`: the
-    stage kind's defaults when it extends `stage_defaults()` (the RL stage adds `rl`)."""
-    _check_structure(config, schema if schema is not None else stage_defaults(), "")
+def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
+    """Checks a stage config completely; returns the resolved mesh axis sizes."""
+    _check_structure(config, stage_defaults(), "")
     _check_choice("optimizer.schedule", config.optimizer.schedule, SCHEDULES)
     _check_choice("train.mtp_distill", config.train.mtp_distill, MTP_DISTILL)
     _check_choice("data.kind", config.data.kind, DATA_KINDS)

@@ -195,6 +195,26 @@ def test_multi_turn_appends_tool_tokens_to_the_kv_cache(kimi, speculative):
         engine.trajectory(rid)
 
 
+def test_no_work_while_paused_sequences_hold_every_slot(kimi):
+    """A queued prompt waits while paused multi-turn sequences hold all slots: has_work() is
+    False (a caller waits for its tools instead of stepping an idle engine), and True again once
+    a slot is released; the queued prompt then runs."""
+    engine = Engine(kimi.params, kimi.cfg, **dict(ENGINE, max_slots=1))
+    first = engine.submit(PROMPTS[0], 3, multi_turn=True)
+    second = engine.submit(PROMPTS[1], 3)
+    turns = []
+    while engine.has_work():
+        turns += engine.step()
+    assert [t.request_id for t in turns] == [first] and engine.free_slots == 0
+    assert not engine.has_work() and engine.step() == []
+    engine.release(first)
+    assert engine.free_slots == 1 and engine.has_work()
+    done = []
+    while engine.has_work():
+        done += engine.step()
+    assert [c.request_id for c in done] == [second] and len(done[0].tokens) == 3
+
+
 def _scaled(params, factor):  # other weights of the same shapes
     return jax.tree.map(lambda a: a * factor, params)
 

@@ -1,0 +1,62 @@
+"""The RL stage config: the experiments validate, mistakes name the field before compiling."""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from c2.rl.config import rl_stage_defaults, validate_rl
+from c2.train.config import MESH_AXES, ConfigError, load_config
+
+EXPERIMENTS = Path(__file__).parents[2] / "experiments"
+
+
+def test_rl_tiny_validates_with_the_recipe_objective():
+    config = load_config(EXPERIMENTS / "rl_tiny.py")
+    _, cfg, objective, rollout = validate_rl(config, num_devices=1)
+    assert objective.advantage == "group_mean" and objective.kl_kind == "k1"
+    assert objective.kl_placement == "reward" and objective.aggregation == "sum_constant"
+    assert objective.loss_constant == 8 * 512  # group_size * the largest sequence bucket
+    assert objective.mismatch_quantile == 0.99 and objective.importance_correction == "tis"
+    assert rollout.temperature == 1.0 and cfg.dtype == "float32"
+
+
+def test_rl_kimi_k2_validates_on_its_256_device_layout():
+    config = load_config(EXPERIMENTS / "rl_kimi_k2.py")
+    n = math.prod(config.mesh[a] for a in MESH_AXES)
+    mesh, cfg, objective, _ = validate_rl(config, num_devices=n, load_files=False)
+    assert n == 256 and mesh["expert"] == 8 and cfg.n_experts == 384
+    assert objective.group_size == 16
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("rl.group_size", 0, r"config\.rl\.group_size: expected > 0"),
+        ("rl.micro_batch_size", 3, r"config\.rl\.micro_batch_size=3 does not divide"),
+        ("rl.seq_buckets", (512, 256), r"config\.rl\.seq_buckets"),
+        ("rl.rollout.max_tokens", 4096, r"config\.rl\.rollout\.max_tokens=4096 exceeds"),
+        ("rl.objective.advantage", "nope", r"config\.rl\.objective: advantage='nope'"),
+        ("rl.objective.kl_kind", "k9", r"config\.rl\.objective: kl_kind"),
+        ("rl.max_staleness", 2, r"config\.rl\.max_staleness=2"),
+        ("rl.rewards.style", -1.0, r"config\.rl\.rewards\.style: expected >= 0"),
+        ("rl.rollout.temperature", "hot", r"config\.rl\.rollout\.temperature: expected float"),
+    ],
+)
+def test_mistakes_name_the_field(field, value, match):
+    config = rl_stage_defaults()
+    node = config
+    *parents, leaf = field.split(".")
+    for p in parents:
+        node = node[p]
+    with node.ignore_type():
+        node[leaf] = value
+    with pytest.raises(ConfigError, match=match):
+        validate_rl(config, num_devices=1)
+
+
+def test_unknown_rl_field_is_named():
+    config = rl_stage_defaults()
+    config.rl.grop_size = 8
+    with pytest.raises(ConfigError, match=r"config\.rl\.grop_size: unknown field"):
+        validate_rl(config, num_devices=1)
