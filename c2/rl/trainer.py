@@ -16,9 +16,10 @@ run neither repeats nor skips a prompt (episodes in flight at a crash are played
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
-import random
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -64,31 +65,29 @@ CURVES = {
 
 
 def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) -> list[Task]:
-    """Tasks from a config spec: "functions" (generated into workdir/tasks/<split>) or a dir."""
+    """Tasks in ledger order, independent of how many a run needs (so a resumed run with more
+    steps keeps the order): "functions" generates tasks 0..n-1 of (seed, split) into
+    workdir/tasks/<split> (each task is its own seeded draw: index order is the order); a
+    directory gives all its tasks in a seeded hash order."""
     if spec == "functions":
         from c2.envs.functions import generate_function_tasks
 
         out = workdir / "tasks" / split
-        if (out / "done.json").is_file():
-            tasks = load_tasks(out)
-            if len(tasks) >= n:
-                return tasks[:n]
-        out.mkdir(parents=True, exist_ok=True)
-        for old in out.iterdir():  # a half-written set from a crash: make it again
-            if old.is_dir():
-                import shutil
-
-                shutil.rmtree(old)
+        done = out / "done.json"
+        if done.is_file() and json.loads(done.read_text()) == {"n": n, "seed": seed}:
+            return load_tasks(out)
+        if out.exists():  # another size, or half-written by a crash: make it again
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
         tasks = generate_function_tasks(out, n, seed, split)
-        (out / "done.json").write_text(json.dumps({"n": n, "seed": seed, "split": split}))
+        done.write_text(json.dumps({"n": n, "seed": seed}))
         return tasks
     path = Path(spec)
     if not path.is_dir():
         raise ConfigError(f"config.rl.tasks={spec!r}: expected 'functions' or a task directory")
     tasks = load_tasks(path)
-    if len(tasks) < n:
-        log.warning("%s holds %d tasks; %d were asked for", spec, len(tasks), n)
-    return tasks[:n]
+    key = lambda t: hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()  # noqa: E731
+    return sorted(tasks, key=key)
 
 
 @dataclasses.dataclass
@@ -125,6 +124,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     n_train = steps * r.prompts_per_step
     train_tasks = load_task_source(r.tasks, "train", n_train, r.task_seed, workdir)
     heldout = load_task_source(r.heldout_tasks, "eval", r.eval.tasks, r.task_seed + 1, workdir)
+    heldout = heldout[: r.eval.tasks]
     by_id = {t.task_id: t for t in train_tasks}
     if len(train_tasks) < n_train:
         steps = len(train_tasks) // r.prompts_per_step
@@ -134,8 +134,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 f"config.rl.tasks: {len(train_tasks)} prompts; need at least "
                 f"prompts_per_step={r.prompts_per_step}"
             )
-    order = sorted(by_id)
-    random.Random(r.task_seed).shuffle(order)
+    order = [t.task_id for t in train_tasks]
 
     tx, schedule = make_optimizer(config.optimizer, steps, task.abstract_params)
     abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
