@@ -193,13 +193,12 @@ class RLLearner:
                 f"ref_params is None, but the objective needs the reference policy "
                 f"(kl_placement={self.objective.kl_placement!r}, kl_beta={self.objective.kl_beta})"
             )
+        ids = lambda tree: {id(x) for x in jax.tree.leaves(tree)}  # noqa: E731
+        shared = ref_params is not None and ids(params) & ids(ref_params)
         params = self.shard_params(params)
         if ref_params is not None:
             ref_params = self.shard_params(ref_params)
-            shared = {id(x) for x in jax.tree.leaves(params)} & {
-                id(x) for x in jax.tree.leaves(ref_params)
-            }
-            if shared:
+            if shared or ids(params) & ids(ref_params):
                 raise ValueError(
                     "ref_params shares arrays with params, which the update donates: pass a copy "
                     "(e.g. jax.tree.map(jnp.copy, params))"
@@ -345,18 +344,23 @@ class RLLearner:
         )
         B, T, V = logits_BTV.shape
         per_token = lambda x_B: jnp.broadcast_to(x_B[:, None], (B, T)).reshape(B * T)  # noqa: E731
-        logp_NV = sampling_logprobs(
-            logits_BTV.reshape(B * T, V),
-            per_token(mb["temperature"]),
-            per_token(mb["top_k"]),
-            per_token(mb["top_p"]),
+        # Which ids each row's sampling distribution keeps: a piecewise-constant choice, so it is
+        # found without gradient (no sort in the backward pass); the log-prob is then
+        # differentiated through one masked logsumexp, never a [B*T, V] log-softmax.
+        support_BTV = (
+            sampling_logprobs(
+                jax.lax.stop_gradient(logits_BTV).reshape(B * T, V),
+                per_token(mb["temperature"]),
+                per_token(mb["top_k"]),
+                per_token(mb["top_p"]),
+            ).reshape(B, T, V)
+            > -jnp.inf
         )
-        targets_N1 = mb["targets"].reshape(B * T, 1)
-        logp_BT = jnp.take_along_axis(logp_NV, targets_N1, axis=-1).reshape(B, T)
-        in_support_BT = logp_BT > -jnp.inf
-        temperature_B = jnp.where(mb["temperature"] > 0, mb["temperature"], 1.0)
+        temperature_B = jnp.where(mb["temperature"] > 0, mb["temperature"], 1.0)  # greedy: 1
         scaled_BTV = logits_BTV / temperature_B[:, None, None]
-        target_BT = jnp.take_along_axis(scaled_BTV, mb["targets"][..., None], axis=-1)[..., 0]
+        take = lambda x_BTV: jnp.take_along_axis(x_BTV, mb["targets"][..., None], -1)[..., 0]  # noqa: E731
+        target_BT, in_support_BT = take(scaled_BTV), take(support_BTV)
+        logp_BT = target_BT - jax.nn.logsumexp(jnp.where(support_BTV, scaled_BTV, -jnp.inf), -1)
         kl_logp_BT = target_BT - jax.nn.logsumexp(scaled_BTV, axis=-1)
         logp_BT = jnp.where(in_support_BT, logp_BT, OUT_OF_SUPPORT_LOGP)
         return logp_BT, in_support_BT, kl_logp_BT
