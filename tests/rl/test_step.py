@@ -5,6 +5,8 @@ where they are, bad inputs are named.
 One tiny float32 model; every learner is built once per module (compiles dominate the runtime).
 """
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -39,7 +41,7 @@ ONE_DEVICE = sharding.make_mesh(devices=jax.devices()[:1])
 GOOD, BAD = 7, 11
 
 
-def make_learner(mesh, micro_batch_size, **kw):
+def make_learner(mesh, micro_batch_size, objective=OBJECTIVE, **kw):
     opt = stage_defaults().optimizer
     opt.lr, opt.schedule, opt.warmup_steps, opt.frozen = 1e-3, "constant", 0, FROZEN
     # First-step Adam is lr * g / (|g| + eps): with eps >> float noise in g, equal-up-to-rounding
@@ -58,7 +60,7 @@ def make_learner(mesh, micro_batch_size, **kw):
         )
         | kw
     )
-    return RLLearner(CFG, OBJECTIVE, tx, **kw)
+    return RLLearner(CFG, objective, tx, **kw)
 
 
 def copy(tree):
@@ -366,6 +368,33 @@ def test_router_bias_and_frozen_leaves_do_not_move(params, reference):
     assert n_frozen == 2  # the router bias and the final norm
     trained = [m for (_, lab), m in zip(flat_labels, flat_moved) if lab == "train"]
     assert sum(trained) >= 0.9 * len(trained)
+
+
+def test_kl_in_the_loss_traces(params, random_batch):
+    """kl_placement="loss" (the ablation) traces to a step with a kl_loss metric and no KL reward
+    term (abstractly: a compile would cost more than the check is worth)."""
+    learner = make_learner(
+        ONE_DEVICE, MICRO, objective=dataclasses.replace(OBJECTIVE, kl_placement="loss")
+    )
+    assert learner.needs_ref and not learner.uses_kl_reward
+    batch, terms, effort = random_batch
+    spec = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)  # noqa: E731
+    tokens = jax.ShapeDtypeStruct((B, T), jnp.float32)
+    _, _, metrics, per_sample = jax.eval_shape(
+        learner._update,
+        params,
+        jax.eval_shape(learner.tx.init, params),
+        jax.tree.map(spec, batch),
+        tokens,
+        jax.ShapeDtypeStruct((B, T), bool),
+        tokens,
+        tokens,
+        jax.tree.map(spec, terms),
+        jax.tree.map(spec, effort),
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
+    assert "kl_loss" in metrics and "reward/kl" not in per_sample
+    assert per_sample["kl"].shape == (B,)
 
 
 def test_bad_inputs_are_named(params, learner, random_batch):
