@@ -11,6 +11,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from c2 import model, sharding
@@ -35,7 +36,12 @@ B, T, G = 8, 32, 4  # batch rows, the one sequence bucket, group size
 MICRO = 4  # the reference learner's micro-batch size
 FROZEN = "router_bias|e_score_correction_bias|final_norm"  # the default, and one more
 OBJECTIVE = ObjectiveConfig(group_size=G, loss_constant=float(G * T), kl_beta=0.05)
-WEIGHTS = {"style": 0.5, "tool_call_penalty": 1.0, "length_penalty": 0.01}
+# Reward weights may follow schedules of the step (the style weight: 0.5 at step 0, 0.6 at 1).
+WEIGHTS = {
+    "style": optax.linear_schedule(0.5, 1.5, 10),
+    "tool_call_penalty": 1.0,
+    "length_penalty": 0.01,
+}
 EFFORT = {"thinking_tokens": 0.0, "tool_call_tokens": 0.0, "final_message_tokens": 0.0}
 ONE_DEVICE = sharding.make_mesh(devices=jax.devices()[:1])
 GOOD, BAD = 7, 11
@@ -267,6 +273,7 @@ def test_policy_gradient_raises_the_rewarded_action(params, learner):
             assert float(metrics["target_tokens"]) == float(metrics["kept_tokens"]) == B
             assert float(metrics["tokens_out_of_support"]) == 0
             assert float(metrics["is_ratio_max"]) == pytest.approx(1.0, abs=1e-6)
+        assert float(metrics["weight/style"]) == pytest.approx(0.5 + 0.1 * step)
     good, bad = np.array(seen).T
     assert (np.diff(good) > 0).all() and (np.diff(bad) < 0).all(), seen
     assert good[-1] - bad[-1] > good[0] - bad[0] + 1e-3, seen
