@@ -80,6 +80,13 @@ def _check_sample(s: Sample, cfg: ModelConfig) -> None:
         raise ValueError(
             f"{_name(s)}: routing holds expert {int(s.routing.max())} >= n_experts={cfg.n_experts}"
         )
+    repeated = np.any(np.diff(np.sort(s.routing, axis=-1), axis=-1) == 0, axis=-1)  # [T, L]
+    if repeated.any():
+        t, layer = np.argwhere(repeated)[0]
+        raise ValueError(
+            f"{_name(s)}: routing repeats an expert at token {t}, MoE layer {layer}: "
+            f"{s.routing[t, layer].tolist()}"
+        )
 
 
 def make_batch(

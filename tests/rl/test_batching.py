@@ -118,6 +118,10 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match=r"sample gx/1.*expert 16 >= n_experts=16"):
         make_batch([s], **good)
     s = sample(5, 2, group="gx", index=1)
+    s.routing[3, 1, 1] = s.routing[3, 1, 0]
+    with pytest.raises(ValueError, match=r"sample gx/1.*repeats an expert at token 3, MoE layer 1"):
+        make_batch([s], **good)
+    s = sample(5, 2, group="gx", index=1)
     s.tokens[3] = CFG.vocab_size
     with pytest.raises(ValueError, match=r"sample gx/1.*vocab_size=64"):
         make_batch([s], **good)
