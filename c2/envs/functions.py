@@ -9,18 +9,21 @@ What is shared and what is not:
   * An operation (OPS) is what the function computes: `n + c`, `n // c`, `max(n, c)`,
     `s[::-1]`, `len(s) + c`, ... Every operation, with every constant, appears in both splits,
     so the skill "operation -> Python expression" transfers.
-  * A template (TEMPLATES) is everything else about the task's surface: the instruction's
-    sentence frame, whether the operation is spelled as code ("n // 3") or in words
-    ("n floor-divided by 3"), how the function is named (after the operation "div_3", a noun
-    "scale", a letter "g7"), which file it goes in ("{f}.py" or a fixed module name) and the
-    argument names. Each template belongs to one split; train and eval templates share no
-    sentence frame and no argument name, so every held-out instruction is new text (a frame
-    never seen in training, with argument names never seen in training), while both splits mix
-    code and word spellings and all naming schemes.
+  * A template (TEMPLATES) is the instruction's surface: its sentence frame, whether the
+    operation is spelled as code ("n // 3") or in words ("n floor-divided by 3"), and how the
+    function is named: after the operation ("div_3"), a noun ("scale") or a letter and digit
+    ("g7"). Each template belongs to one split, and train and eval templates share no sentence
+    frame, so every held-out instruction is text of a kind never trained on, while both splits
+    mix code and word spellings and all three naming schemes.
+  * Shared by both splits, so that only the wording is new: the operations and constants, the
+    argument names (n, x; s) and the file (always {f}.py). (Held-out argument and file names
+    never seen in training made the first design fail: a tiny model after a short SFT does not
+    copy a name it has never emitted; see experiments/sft_agent_tiny.py.)
 
 Deterministic by seed: task i of (seed, split) is drawn from random.Random(f"functions:{seed}:
-{split}:{i}") (redrawn while its instruction repeats an earlier task's); the train split has
-~40k distinct instructions, the eval split ~10k.
+{split}:{i}") (redrawn while its instruction repeats an earlier task's or is too long); the
+train split holds ~12,700 distinct instructions, the eval split ~6,600 (a single-epoch RL run
+of 60 steps x 4 prompts uses 240).
 
     python -m c2.envs.functions --out DIR --n N --seed S --split train|eval
 """
@@ -78,7 +81,7 @@ OPS = {
 
 @dataclasses.dataclass(frozen=True)
 class Template:
-    """A task's surface (see the module doc). `frame` has {f} (function), {a} (argument),
+    """A task's surface (see the module doc): `frame` has {f} (function), {a} (argument),
     {file} and {spec} (the operation, as code or words)."""
 
     name: str
@@ -86,31 +89,26 @@ class Template:
     frame: str
     spelling: str  # "code" or "words"
     naming: str  # "op", "noun" or "letter"
-    file: str  # "{f}.py" or a fixed module file name
-    int_args: tuple[str, ...]
-    str_args: tuple[str, ...]
 
 
 TEMPLATES = (
-    Template("return_code", "train", "Write {f}({a}) in {file}: return {spec}.", "code", "op",
-             "{f}.py", ("n", "x"), ("s", "text")),
+    Template("return_code", "train", "Write {f}({a}) in {file}: return {spec}.", "code", "op"),
     Template("define_words", "train", "Define {f}({a}) in {file} that returns {spec}.", "words",
-             "noun", "main.py", ("n", "k"), ("s", "text")),
+             "noun"),
     Template("create_code", "train", "Create {file} with {f}({a}) returning {spec}.", "code",
-             "letter", "{f}.py", ("x", "k"), ("s", "text")),
-    Template("add_words", "train", "In {file}, add {f}({a}): it returns {spec}.", "words", "op",
-             "util.py", ("n", "x"), ("s", "text")),
-    Template("impl_code", "train", "Implement {f}({a}) = {spec} in {file}.", "code", "noun",
-             "funcs.py", ("n", "k"), ("s", "text")),
+             "letter"),
+    Template("add_words", "train", "In {file}, add {f}({a}): it returns {spec}.", "words", "op"),
+    Template("impl_code", "train", "Implement {f}({a}) = {spec} in {file}.", "code", "noun"),
     Template("need_words", "train", "{file} needs {f}({a}), which gives {spec}.", "words",
-             "letter", "{f}.py", ("x", "k"), ("s", "text")),
+             "letter"),
     Template("put_code", "eval", "Put {f}({a}) into {file}; it gives back {spec}.", "code",
-             "noun", "sol.py", ("m", "y"), ("w", "word")),
-    Template("make_words", "eval", "Make {f}({a}) in {file} return {spec}.", "words", "op",
-             "lib.py", ("m", "y"), ("w", "word")),
+             "noun"),
+    Template("make_words", "eval", "Make {f}({a}) in {file} return {spec}.", "words", "op"),
     Template("should_words", "eval", "{f}({a}) in {file} should compute {spec}.", "words",
-             "letter", "{f}.py", ("m", "y"), ("w", "word")),
+             "letter"),
 )  # fmt: skip
+# Shared by both splits: the file is always {f}.py, the argument one of these.
+INT_ARGS, STR_ARGS = ("n", "x"), ("s",)
 NOUNS = ("calc", "step", "apply", "convert", "compute", "solve", "answer", "result", "value",
          "adjust", "shift", "scale", "check", "handle", "update")  # fmt: skip
 MAX_INSTRUCTION_CHARS = 64
@@ -178,9 +176,9 @@ def draw_task(seed: int, split: str, index: int, rng: random.Random) -> Function
     op_name = rng.choice(sorted(OPS))
     op = OPS[op_name]
     c = rng.choice(op.consts) if op.consts is not None else None
-    arg = rng.choice(template.int_args if op.kind == "int" else template.str_args)
+    arg = rng.choice(INT_ARGS if op.kind == "int" else STR_ARGS)
     f = _function_name(template, op, c, rng)
-    file = template.file.format(f=f)
+    file = f"{f}.py"
     code = op.code.format(a=arg, c=c)
     spec = code if template.spelling == "code" else op.words.format(a=arg, c=c)
     instruction = template.frame.format(f=f, a=arg, file=file, spec=spec)

@@ -106,7 +106,7 @@ def runner_outcomes(
 ) -> TestRun:
     """`pytest_outcomes` for plain test functions, run by grading_runner.py without pytest
     (the "functions" grader: ~10x faster; same ids, same JSON, same reading)."""
-    cmd = ["python", "-I", "-S", "/grading/grading_runner.py", "/grading/tests", mount_at]
+    cmd = ["python", "-I", "-S", "-B", "/grading/grading_runner.py", "/grading/tests", mount_at]
     cmd.append("/grading/out/results.json")
     script = (_RUNNER, "/grading/grading_runner.py")
     return _sandboxed_outcomes(cmd, script, {}, tests_dir, workspace, sandbox, limits, mount_at)

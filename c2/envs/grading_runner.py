@@ -2,7 +2,7 @@
 
 Not imported by c2: grading.py mounts this file into the grading sandbox and runs
 
-    python -I -S grading_runner.py TESTS_DIR WORKSPACE OUT_JSON
+    python -I -S -B grading_runner.py TESTS_DIR WORKSPACE OUT_JSON
 
 It writes the JSON the pytest plugin (grading_plugin.py) writes, with the same test ids
 ("tests/test_x.py::test_y", relative to TESTS_DIR's parent) and the same rules where they
@@ -16,12 +16,8 @@ an `async def`. Not supported: fixtures, classes, parametrize, marks, pytest its
 site-packages); a conftest.py is reported as a collection error rather than silently ignored.
 """
 
-import importlib.util
-import inspect
-import json
 import os
 import sys
-import types
 
 
 def _test_files(tests_dir):
@@ -37,21 +33,42 @@ def _test_files(tests_dir):
 
 
 def _import(path):
+    """pytest's "prepend" import: the file's directory first on sys.path, then a plain import
+    of its basename, which must resolve to this very file."""
     name = os.path.basename(path)[:-3]
     if os.path.dirname(path) not in sys.path:
         sys.path.insert(0, os.path.dirname(path))
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    __import__(name)
+    module = sys.modules[name]
+    if os.path.realpath(getattr(module, "__file__", None) or "") != os.path.realpath(path):
+        raise ImportError(f"{name} resolves to {module!r}, not {path}")
     return module
 
 
+def _json_str(s):
+    bad = '"\\'
+    return (
+        '"'
+        + "".join(
+            c if c >= " " and c not in bad and not "\ud800" <= c <= "\udfff" else f"\\u{ord(c):04x}"
+            for c in s
+        )
+        + '"'
+    )
+
+
+_FUNCTION = type(_import)
+# Code flags (inspect's CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR): importing inspect
+# would cost more than running the tests.
+_NOT_PLAIN = 0x20 | 0x80 | 0x200
+
+
 def _outcome(fn):
-    if inspect.signature(fn).parameters or inspect.isgeneratorfunction(fn):
-        return "failed"
-    if inspect.iscoroutinefunction(fn):
-        return "failed"  # pytest >= 8.4 fails an async test it has no plugin for
+    code = fn.__code__
+    required = code.co_argcount + code.co_kwonlyargcount
+    required -= len(fn.__defaults__ or ()) + len(fn.__kwdefaults__ or {})
+    if required > 0 or code.co_flags & _NOT_PLAIN:
+        return "failed"  # pytest: fixture not found / yield tests / async without a plugin
     try:
         fn()
     except KeyboardInterrupt:
@@ -75,7 +92,7 @@ def main(tests_dir, workspace, out):
             collect_errors.append(rel)
             continue
         for name, obj in list(vars(module).items()):
-            if name.startswith("test") and isinstance(obj, types.FunctionType):
+            if name.startswith("test") and type(obj) is _FUNCTION:
                 tests.append((f"{rel}::{name}", obj))
     if not collect_errors:  # pytest runs nothing after a collection error
         try:
@@ -84,8 +101,11 @@ def main(tests_dir, workspace, out):
         except KeyboardInterrupt:
             pass  # pytest, interrupted, also reports what ran so far
     status = 2 if collect_errors else int(any(v == "failed" for v in outcomes.values()))
-    with open(out, "w") as f:
-        json.dump({"outcomes": outcomes, "collect_errors": collect_errors, "exit": status}, f)
+    # JSON by hand: the json module (and the re it imports) would double the runner's start-up.
+    pairs = ", ".join(f"{_json_str(k)}: {_json_str(v)}" for k, v in outcomes.items())
+    errors = ", ".join(_json_str(e) for e in collect_errors)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(f'{{"outcomes": {{{pairs}}}, "collect_errors": [{errors}], "exit": {status}}}')
 
 
 if __name__ == "__main__":

@@ -42,9 +42,10 @@ def test_deterministic_by_seed(tmp_path):
 def test_splits_are_disjoint_by_template_and_text():
     train, held = fn.templates("train"), fn.templates("eval")
     assert {t.name for t in train}.isdisjoint({t.name for t in held})
-    for a, b in ((train, held), (held, train)):
-        args = {x for t in a for x in t.int_args + t.str_args}
-        assert args.isdisjoint({x for t in b for x in t.int_args + t.str_args})
+    assert {t.frame for t in train}.isdisjoint({t.frame for t in held})
+    for split in (train, held):  # both splits spell in code and in words, name all three ways
+        assert {t.spelling for t in split} == {"code", "words"}
+        assert {t.naming for t in split} == {"op", "noun", "letter"}
     tr, ev = fn.function_tasks(3000, 0, "train"), fn.function_tasks(500, 0, "eval")
     assert len({t.instruction for t in tr}) == 3000 and len({t.instruction for t in ev}) == 500
     assert {t.instruction for t in tr}.isdisjoint({t.instruction for t in ev})
