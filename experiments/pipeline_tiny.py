@@ -40,11 +40,13 @@ def get_config(arg=None):
     c.train.steps = 300
     c.train.checkpoint_every = 100
     c.init_from = ""
-    c.stage_order = ("cpt", "long_context", "sft")
+    c.stage_order = ("cpt", "long_context", "sft", "sft_agent", "rl")
     c.stages = ml_collections.ConfigDict()
     c.stages.cpt = load_config(HERE / "cpt_tiny.py")
     c.stages.long_context = load_config(HERE / "long_context_tiny.py")
     c.stages.sft = load_config(HERE / "sft_tiny.py")
+    c.stages.sft_agent = load_config(HERE / "sft_agent_tiny.py")
+    c.stages.rl = load_config(HERE / "rl_tiny.py")
     c.eval = eval_defaults()
     c.eval.short_batches, c.eval.long_batches = 4, 2  # 8,192 held-out tokens at either length
 
@@ -55,11 +57,12 @@ def get_config(arg=None):
     for name in c.stage_order:
         stage = c.stages[name]
         stage.name = name
-        stage.train.checkpoint_every = every
+        if name != "rl":  # RL checkpoints every few steps: its steps are long
+            stage.train.checkpoint_every = every
         stage.init_from = ""  # chained to the previous stage by the pipeline
     c.stages.cpt.init_from = c.get_ref("init_from")
     c.stages.cpt.train.eval_every = steps // 3
-    for name in ("long_context", "sft"):
+    for name in ("long_context", "sft", "sft_agent"):
         c.stages[name].optimizer.warmup_steps = 2
 
     if arg == "quick":
@@ -85,6 +88,18 @@ def get_config(arg=None):
         c.stages.long_context.data.batch_size = 2
         c.stages.sft.data.seq_len = 256
         c.stages.sft.data.batch_size = 2
+        c.stages.sft_agent.model.yarn.original_max_position_embeddings = 64
+        c.stages.sft_agent.train.steps = 4
+        c.stages.sft_agent.data.batch_size = 2
+        c.stages.rl.model.yarn.original_max_position_embeddings = 64
+        c.stages.rl.train.steps = 2
+        c.stages.rl.train.checkpoint_every = 1
+        c.stages.rl.rl.group_size = 4
+        c.stages.rl.rl.prompts_per_step = 2
+        c.stages.rl.rl.micro_batch_size = 4
+        c.stages.rl.rl.rollout.max_turn_tokens = 96
+        c.stages.rl.rl.eval.tasks = 4
+        c.stages.rl.rl.eval.samples = 2
         c.eval.short_seq_len, c.eval.short_batch_size, c.eval.short_batches = 64, 8, 1
         c.eval.long_seq_len, c.eval.long_batch_size, c.eval.long_batches = 256, 2, 1
         c.eval.sft_batches = 1

@@ -32,7 +32,6 @@ def get_config(arg=None):
     c.model.yarn.mscale = 1.0
     c.model.yarn.mscale_all_dim = 1.0
     c.optimizer.lr = 1e-4
-    c.optimizer.warmup_steps = 2
     c.train.steps = 60
     c.train.checkpoint_every = 10
     c.rl.tasks = "functions"

@@ -118,9 +118,21 @@ def test_main_job_quick_end_to_end(tmp_path):
 
     # DIR/metrics.jsonl: every step of every stage, `step` counted across stages
     records = read_metrics(workdir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 24 + 2 + 4 + 1))
-    assert [r["stage"] for r in records] == ["cpt"] * 24 + ["long_context"] * 2 + ["sft"] * 4
+    stages = ["cpt"] * 24 + ["long_context"] * 2 + ["sft"] * 4 + ["sft_agent"] * 4 + ["rl"] * 2
+    assert [r["step"] for r in records] == list(range(1, len(stages) + 1))
+    assert [r["stage"] for r in records] == stages
     assert all(math.isfinite(r["loss"]) for r in records)
+    rl = [r for r in records if r["stage"] == "rl"]
+    for key in ("reward/total", "reward/task", "reward/kl", "mismatch_p99", "pass_rate"):
+        assert all(math.isfinite(r[key]) for r in rl), key
+
+    # the RL stage: rollouts of both steps, held-out evaluations at its start and end
+    rollouts = sorted(p.name for p in (workdir / "rl" / "rollouts").glob("*.jsonl"))
+    assert rollouts == [
+        "eval_000000.jsonl", "eval_000002.jsonl", "step_000001.jsonl", "step_000002.jsonl"
+    ]  # fmt: skip
+    final = json.loads((workdir / "rl" / "final_metrics.json").read_text())
+    assert set(final["evaluations"]) == {"0", "2"} and "gain" in final
 
     results = json.loads((workdir / "eval.json").read_text())
     rows = {r["model"]: r for r in results["rows"]}
@@ -130,6 +142,8 @@ def test_main_job_quick_end_to_end(tmp_path):
         "cpt + YaRN, no training",
         "after long_context",
         "after sft",
+        "after sft_agent",
+        "after rl",
     ]
     untrained = rows["untrained"]
     # an untrained 320-way byte model: about log2(320) = 8.32 bits per byte
@@ -142,5 +156,7 @@ def test_main_job_quick_end_to_end(tmp_path):
     for label in rows:
         assert f"| {label} |" in report
     assert f"fell from {untrained['bpb_short']:.2f} (untrained)" in report
-    for png in ("training_curves.png", "eval_bpb.png", "cpt/loss.png", "sft/mtp.png"):
+    assert "## RL stage `rl`" in report and "![rl rewards](rl/rewards.png)" in report
+    for png in ("training_curves.png", "eval_bpb.png", "cpt/loss.png", "sft/mtp.png",
+                "rl/rewards.png", "rl/heldout.png", "rl/mismatch.png"):  # fmt: skip
         assert (workdir / png).read_bytes()[:8] == PNG, png

@@ -34,7 +34,7 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # recorded and recomputed logprobs agree to ~1e-6 in float32
     c.optimizer.lr = 1e-4
     c.optimizer.schedule = "constant"
-    c.optimizer.warmup_steps = 2
+    c.optimizer.warmup_steps = 0  # a warmup from 0 would waste the first steps' episodes
     c.optimizer.weight_decay = 0.0
     c.train.steps = 60
     c.train.checkpoint_every = 10
