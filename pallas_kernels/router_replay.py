@@ -1,4 +1,4 @@
-"""MoE router replay (recipe section 2): force recorded experts, keep gradients to the router.
+"""MoE router replay (docs/recipe.md §2): force recorded experts, keep gradients to the router.
 
 From router logits [T, E] and expert indices [T, K] (replayed from inference, or a live top-k from
 `live_topk`) it computes what the grouped expert matmul needs:

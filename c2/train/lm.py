@@ -1,4 +1,4 @@
-"""The language-model task of a pretraining / long-context / SFT stage (RECIPE.md section 1).
+"""The language-model task of a pretraining / long-context / SFT stage (docs/recipe.md §1).
 
 Builds the model config from the stage config, the mesh, the loss (next-token CE + MTP
 self-distillation + optional balance loss), the aux-loss-free router-bias update, the grain

@@ -1,4 +1,4 @@
-"""KL estimators on sampled tokens and where they apply (RECIPE.md s2: k1, in the reward).
+"""KL estimators on sampled tokens and where they apply (docs/recipe.md §2: k1, in the reward).
 
 With r = pi_ref / pi_theta on the sampled token (log r = ref_logp - logp):
   k1 = -log r             unbiased for KL(pi_theta || pi_ref); as a loss its expected gradient is 0
