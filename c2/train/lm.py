@@ -20,7 +20,7 @@ from c2 import model as model_lib
 from c2 import sharding
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
-from c2.eval.bpb import forward_on_batch, heldout_bpb
+from c2.train.bpb import forward_on_batch, heldout_bpb
 from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task
 from c2.train.losses import mtp_distillation, next_token_loss
