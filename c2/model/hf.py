@@ -487,6 +487,7 @@ def config_to_json(c: ModelConfig) -> str:
 
 def config_from_json(text: str) -> ModelConfig:
     d = json.loads(text)
+    d.pop("balance_loss_weight", None)  # a removed, never-used field of older files
     if d.get("rope_scaling") is not None:
         d["rope_scaling"] = YarnConfig(**d["rope_scaling"])
     return ModelConfig(**d)

@@ -24,7 +24,7 @@ QWEN_TYPES = ("qwen3_moe",)
 _NO_EFFECT = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "auto_map",
     "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
-    "output_router_logits", "ep_size", "aux_loss_alpha", "seq_aux",
+    "output_router_logits", "ep_size", "aux_loss_alpha", "seq_aux", "router_aux_loss_coef",
     "pretraining_tp", "id2label", "label2id", "return_dict", "output_hidden_states",
     "output_attentions", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder",
     "quantization_config",  # read by the loader (block-FP8 dequantisation)
@@ -47,7 +47,6 @@ _DEEPSEEK = {
 _QWEN = {
     "num_experts", "decoder_sparse_step", "mlp_only_layers", "layer_types", "head_dim",
     "num_key_value_heads", "use_sliding_window", "sliding_window", "max_window_layers",
-    "router_aux_loss_coef",
 }  # fmt: skip
 
 
@@ -221,9 +220,6 @@ def config_from_hf(hf: dict, *, strict: bool = True) -> ModelConfig:
         head_dim=head_dim,
         score_func="softmax",
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-        balance_loss_weight=(
-            float(hf.get("router_aux_loss_coef", 0.0)) if hf.get("output_router_logits") else 0.0
-        ),
         rope_theta=theta,
         rope_interleave=False,
         rope_scaling=yarn,
@@ -311,6 +307,4 @@ def config_to_hf(c: ModelConfig) -> dict:
         decoder_sparse_step=1,
         mlp_only_layers=list(range(c.first_k_dense)),
         use_sliding_window=False,
-        output_router_logits=c.balance_loss_weight > 0,
-        router_aux_loss_coef=c.balance_loss_weight,
     )
