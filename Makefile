@@ -16,9 +16,24 @@ system-deps:
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
+# constraints.txt pins torch's CPU build (2.13.0+cpu), which only a CPU wheel source serves: the
+# PyTorch CPU index (TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu) or local wheels. When
+# pip cannot find it, the same version's default build (torch==2.13.0, public index) is pinned.
+TORCH_INDEX_URL ?=
+TORCH_PIN := torch==2.13.0+cpu
+PIP_EXTRA := $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
+
 setup: $(BIN)/python system-deps
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[test]'
+	@if $(BIN)/pip install -q --dry-run --no-deps --ignore-installed $(PIP_EXTRA) '$(TORCH_PIN)' \
+	    >/dev/null 2>&1; then cons=constraints.txt; \
+	else \
+	  echo "note: $(TORCH_PIN) not found; pinning torch==2.13.0 (set TORCH_INDEX_URL for the CPU build)"; \
+	  cons=$$(mktemp); \
+	  sed 's/^$(TORCH_PIN)$$/torch==2.13.0/' constraints.txt > $$cons; \
+	fi; \
+	echo "$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test]'"; \
+	$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test]'
 
 run: setup
 	$(BIN)/python -m c2.main --config=experiments/pipeline_tiny.py --workdir=$(WORKDIR)

@@ -1,7 +1,7 @@
 """The entry point: python -m c2.main --config=experiments/X.py[:arg] --workdir=DIR [--config.a.b=v]
 
 A config with `stages` runs the pipeline (stages, evaluation, report); any other config trains one
-stage. Either resumes by itself from an existing DIR. Logic lives in c2/train/pipeline.py.
+stage. Either resumes by itself from an existing DIR. Logic lives in c2/pipeline.py.
 """
 
 import logging as std_logging
@@ -12,7 +12,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from c2.train import pipeline
+from c2 import pipeline
 from c2.train.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config).")

@@ -1,5 +1,5 @@
 """Stage 1 at real scale: Kimi-K2 (1.04T total, 33B active with the added MTP layer) continued
-pretraining on code at 32k tokens (RECIPE.md section 1.1), laid out for 256 GPUs.
+pretraining on code at 32k tokens (docs/recipe.md §1.1), laid out for 256 GPUs.
 
 Command (on a 256-GPU cluster, one process per host; --distributed initialises the JAX runtime
 from the cluster environment):
@@ -9,8 +9,8 @@ with the HF base model in /data/Kimi-K2-Instruct and the code corpus in /data/co
 Runtime: 12,000 steps x 512 x 32,768 tokens = 201B tokens at 3.26e11 training FLOPs per token
 (c2.model.flops_per_token) = 6.6e22 FLOPs: about 7.5 days on 256 H200 at 40% of the bf16 dense
 peak (989 TFLOP/s each); MXFP8 matmuls raise the peak.
-Expected: held-out bits per byte of the code corpus falls log-linearly with compute (RECIPE.md
-section 0); MTP acceptance rises above 0.8 (the draft model for speculative decoding).
+Expected: held-out bits per byte of the code corpus falls log-linearly with compute (docs/recipe.md
+§0); MTP acceptance rises above 0.8 (the draft model for speculative decoding).
 
 Layout: expert parallelism 8 (48 of the 384 experts per shard), FSDP 32 over the rest; expert
 weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments take ~53 GB per GPU

@@ -1,4 +1,4 @@
-"""Stage 1 of the recipe (RECIPE.md section 1.1): continued pretraining on code, tiny model, CPU.
+"""Stage 1 of the recipe (docs/recipe.md §1.1): continued pretraining on code, tiny model, CPU.
 
 Command:
     python -m c2.main --config=experiments/cpt_tiny.py --workdir=runs/cpt_tiny

@@ -1,5 +1,5 @@
-"""Stage 2 at real scale: Kimi-K2 long-context extension to 256k tokens with YaRN (RECIPE.md
-section 1.2), context parallelism 8 and expert parallelism 8 on 256 GPUs.
+"""Stage 2 at real scale: Kimi-K2 long-context extension to 256k tokens with YaRN (docs/recipe.md
+§1.2), context parallelism 8 and expert parallelism 8 on 256 GPUs.
 
 Command (after experiments/cpt_kimi_k2.py):
     python -m c2.main --config=experiments/long_context_kimi_k2.py --workdir=runs/lc_kimi_k2 \\

@@ -1,4 +1,4 @@
-"""Stage 2 of the recipe (RECIPE.md section 1.2): long-context extension with YaRN, tiny, CPU.
+"""Stage 2 of the recipe (docs/recipe.md §1.2): long-context extension with YaRN, tiny, CPU.
 
 Eight times the stage-1 length (128 -> 1024 tokens): RoPE is rescaled with YaRN (factor 8 over
 the original 128 positions) and the model trains briefly on long packed sequences.

@@ -1,5 +1,5 @@
 """Stage 3 at real scale: targeted SFT of Kimi-K2 on coding tasks, loss on responses only
-(RECIPE.md section 1.3), 32k tokens, the stage-1 layout on 256 GPUs, keeping the 256k YaRN setting.
+(docs/recipe.md §1.3), 32k tokens, the stage-1 layout on 256 GPUs, keeping the 256k YaRN setting.
 
 Command (after experiments/long_context_kimi_k2.py):
     python -m c2.main --config=experiments/sft_kimi_k2.py --workdir=runs/sft_kimi_k2 --distributed

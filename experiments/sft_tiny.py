@@ -1,4 +1,4 @@
-"""Stage 3 of the recipe (RECIPE.md section 1.3): targeted SFT (loss on responses only), tiny.
+"""Stage 3 of the recipe (docs/recipe.md §1.3): targeted SFT (loss on responses only), tiny.
 
 The embedded default task: implement a standard-library function from its signature and
 docstring (prompt) — the body is the response. The model keeps the stage-2 YaRN setting.

@@ -184,16 +184,31 @@ def _grouped_tile(pid, num_m: int, num_n: int, group_m: int):
     return i, j
 
 
+def _half_scales(bits, round_up: bool) -> tuple[jax.Array, jax.Array]:
+    """(2^h, 2^(e-h)) float32 for E8M0 bytes 2^e, h = ceil(e/2) or floor(e/2): each in
+    [2^-64, 2^64]. A NaN byte (255) stays NaN in the first."""
+    bias, bits = numerics.SCALE_BIAS, bits.astype(jnp.int32)
+    e = bits - bias
+    h = lax.shift_right_arithmetic(e + int(round_up), jnp.int32(1))
+    first = jnp.where(bits == numerics.SCALE_NAN_BITS, bits, h + bias)
+    return numerics.scale_bits_to_f32(first), numerics.scale_bits_to_f32(e - h + bias)
+
+
 def scaled_block_product(a, b, sa_bits, sb_bits, upcast: bool) -> jax.Array:
     """fp32 [m, n] = (a * 2^sa) @ (b * 2^sb).T for one K block: a [m, bs], b [n, bs] FP8 elements,
     sa_bits [m] and sb_bits [n] their E8M0 bytes. The FP8 product runs on the tensor cores; the two
-    power-of-two scales multiply the fp32 partial product (exact)."""
+    power-of-two scales multiply the fp32 partial product (exact).
+
+    2^sa * 2^sb reaches 2^254, past float32, and (partial * 2^sa) * 2^sb can overflow while the
+    result is finite (2^120 * 2^-120); so the product of the scales is applied in two halves,
+    2^(ceil(sa/2) + floor(sb/2)) then the rest, each within [2^-127, 2^127]: no intermediate
+    overflows unless the result does."""
     if upcast:
         a, b = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
     partial = lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-    scale_a = numerics.scale_bits_to_f32(sa_bits)
-    scale_b = numerics.scale_bits_to_f32(sb_bits)
-    return partial * (scale_a[:, None] * scale_b[None, :])
+    a1, a2 = _half_scales(sa_bits, round_up=True)
+    b1, b2 = _half_scales(sb_bits, round_up=False)
+    return partial * (a1[:, None] * b1[None, :]) * (a2[:, None] * b2[None, :])
 
 
 def accumulate_blocks(operands, shape, *, first, steps, blocks_per_step: int, bs: int, upcast):

@@ -1,4 +1,4 @@
-"""MoE router replay (recipe section 2): force recorded experts, keep gradients to the router.
+"""MoE router replay (docs/recipe.md §2): force recorded experts, keep gradients to the router.
 
 From router logits [T, E] and expert indices [T, K] (replayed from inference, or a live top-k from
 `live_topk`) it computes what the grouped expert matmul needs:
@@ -308,14 +308,15 @@ def _padded(logits_TE, idx_TK, cfg: _Config):
     return logits, idx
 
 
-def _route_impl(logits_TE, idx_TK, cfg: _Config) -> RouteResult:
-    t, e, k, bt = cfg.num_tokens, cfg.num_experts, cfg.top_k, cfg.block_t
+def _gates_impl(logits_TE, idx_TK, cfg: _Config):
+    """Kernel 1: padded gates [Tp, Kp] and per-tile histograms [tiles, bins]."""
+    bt = cfg.block_t
     logits, idx = _padded(logits_TE, idx_TK, cfg)
     (tp, ep), kp = logits.shape, idx.shape[1]
     num_tiles = tp // bt
-    num_bins = pl.next_power_of_2(e + 2)
+    num_bins = pl.next_power_of_2(cfg.num_experts + 2)
     row_tile = lambda i: (i, 0)
-    gates, tile_counts = pl.pallas_call(
+    return pl.pallas_call(
         functools.partial(_gates_counts_kernel, cfg=cfg),
         out_shape=[
             jax.ShapeDtypeStruct((tp, kp), jnp.float32),
@@ -328,6 +329,15 @@ def _route_impl(logits_TE, idx_TK, cfg: _Config) -> RouteResult:
         interpret=cfg.interpret,
         name="router_replay_gates",
     )(logits, idx)
+
+
+def _route_impl(logits_TE, idx_TK, cfg: _Config) -> RouteResult:
+    t, e, k, bt = cfg.num_tokens, cfg.num_experts, cfg.top_k, cfg.block_t
+    gates, tile_counts = _gates_impl(logits_TE, idx_TK, cfg)
+    _, idx = _padded(logits_TE, idx_TK, cfg)
+    tp, kp = idx.shape
+    num_tiles, num_bins = tile_counts.shape
+    row_tile = lambda i: (i, 0)
     totals = jnp.sum(tile_counts, axis=0)
     offsets = jnp.cumsum(totals) - totals
     tile_base = offsets[None, :] + jnp.cumsum(tile_counts, axis=0) - tile_counts
@@ -363,12 +373,14 @@ def _route_fwd(logits_TE, idx_TK, cfg: _Config):
 
 
 def _route_bwd(cfg: _Config, res, ct: RouteResult):
+    return _dlogits(cfg, res, ct.gates_TK)
+
+
+def _dlogits(cfg: _Config, res, dgates_TK):
     logits_TE, idx_TK = res
     logits, idx = _padded(logits_TE, idx_TK, cfg)
     (tp, ep), kp = logits.shape, idx.shape[1]
-    dgates = jnp.pad(
-        ct.gates_TK.astype(jnp.float32), ((0, tp - cfg.num_tokens), (0, kp - cfg.top_k))
-    )
+    dgates = jnp.pad(dgates_TK.astype(jnp.float32), ((0, tp - cfg.num_tokens), (0, kp - cfg.top_k)))
     bt = cfg.block_t
     row_tile = lambda i: (i, 0)
     dlogits = pl.pallas_call(
@@ -391,6 +403,35 @@ def _route_bwd(cfg: _Config, res, ct: RouteResult):
 _route.defvjp(_route_fwd, _route_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _gates(logits_TE, idx_TK, cfg: _Config) -> jax.Array:
+    return _gates_impl(logits_TE, idx_TK, cfg)[0][: cfg.num_tokens, : cfg.top_k]
+
+
+def _gates_fwd(logits_TE, idx_TK, cfg: _Config):
+    return _gates(logits_TE, idx_TK, cfg), (logits_TE, idx_TK)
+
+
+_gates.defvjp(_gates_fwd, _dlogits)
+
+
+def _make_config(logits_TE, idx_TK, score_func, norm_topk_prob, routed_scaling_factor,
+                 interpret, block_t) -> _Config:  # fmt: skip
+    _check_args(logits_TE, idx_TK, score_func, norm_topk_prob, routed_scaling_factor)
+    if block_t < 1 or block_t & (block_t - 1):
+        raise ValueError(f"block_t={block_t}: expected a power of two")
+    return _Config(
+        score_func=score_func,
+        norm_topk_prob=norm_topk_prob,
+        routed_scaling_factor=float(routed_scaling_factor),
+        num_tokens=logits_TE.shape[0],
+        num_experts=logits_TE.shape[1],
+        top_k=idx_TK.shape[1],
+        block_t=block_t,
+        interpret=resolve_interpret(interpret),
+    )
+
+
 def router_replay(
     logits_TE: jax.Array,
     idx_TK: jax.Array,
@@ -402,17 +443,23 @@ def router_replay(
     block_t: int = 16,
 ) -> RouteResult:
     """Gates, per-expert counts/offsets and the expert-sorted permutation (module docstring)."""
-    _check_args(logits_TE, idx_TK, score_func, norm_topk_prob, routed_scaling_factor)
-    if block_t < 1 or block_t & (block_t - 1):
-        raise ValueError(f"block_t={block_t}: expected a power of two")
-    cfg = _Config(
-        score_func=score_func,
-        norm_topk_prob=norm_topk_prob,
-        routed_scaling_factor=float(routed_scaling_factor),
-        num_tokens=logits_TE.shape[0],
-        num_experts=logits_TE.shape[1],
-        top_k=idx_TK.shape[1],
-        block_t=block_t,
-        interpret=resolve_interpret(interpret),
-    )
+    cfg = _make_config(logits_TE, idx_TK, score_func, norm_topk_prob, routed_scaling_factor,
+                       interpret, block_t)  # fmt: skip
     return _route(logits_TE, idx_TK, cfg)
+
+
+def router_replay_gates(
+    logits_TE: jax.Array,
+    idx_TK: jax.Array,
+    *,
+    score_func: str,
+    norm_topk_prob: bool,
+    routed_scaling_factor: float,
+    interpret: bool | None = None,
+    block_t: int = 16,
+) -> jax.Array:
+    """`router_replay`'s gates_TK alone: kernel 1 only, no sorted order (for callers that sort
+    elsewhere, e.g. the expert-parallel exchange). Same gradients to the logits."""
+    cfg = _make_config(logits_TE, idx_TK, score_func, norm_topk_prob, routed_scaling_factor,
+                       interpret, block_t)  # fmt: skip
+    return _gates(logits_TE, idx_TK, cfg)

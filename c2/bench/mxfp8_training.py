@@ -79,7 +79,7 @@ def gradient_error(trained_workdir: Path) -> dict[str, dict[str, float]]:
     import jax
     import jax.numpy as jnp
 
-    from c2.eval.bpb import forward_on_batch
+    from c2.train.bpb import forward_on_batch
     from c2.train.config import load_config
     from c2.train.lm import build_task, model_config
     from c2.train.loop import load_init_params

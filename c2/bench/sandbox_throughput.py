@@ -1,4 +1,4 @@
-"""Sandbox start rate and start-to-first-output latency (RECIPE.md section 3).
+"""Sandbox start rate and start-to-first-output latency (docs/recipe.md §3).
 
     python -m c2.bench.sandbox_throughput [--n 400] [--workers 1,2,4,8]
 

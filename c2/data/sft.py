@@ -1,4 +1,4 @@
-"""SFT data (recipe section 1.3): chat formatting with the loss on responses only, and the embedded
+"""SFT data (docs/recipe.md §1.3): chat formatting with the loss on responses only, and the embedded
 default task set: implement a standard-library function from its signature and docstring.
 An example is either {"prompt", "response", "system"?} (rendered below) or a multi-turn agent
 conversation {"messages": [...]}, rendered by c2.data.chat.AgentChat exactly as RL episodes are

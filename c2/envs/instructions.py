@@ -1,4 +1,4 @@
-"""Short task instructions (RECIPE.md section 3: a median of 390 characters), worded by seed."""
+"""Short task instructions (docs/recipe.md §3: a median of 390 characters), worded by seed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Many sandboxes at once, and the start-rate measurement (RECIPE.md section 3: 500+/s in
+"""Many sandboxes at once, and the start-rate measurement (docs/recipe.md §3: 500+/s in
 production; c2's aim is 100 starts/s on 2 cores)."""
 
 from __future__ import annotations

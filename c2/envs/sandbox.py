@@ -1,4 +1,4 @@
-"""Run one command in a sandbox over a workspace directory (RECIPE.md section 3).
+"""Run one command in a sandbox over a workspace directory (docs/recipe.md §3).
 
 Every command gets: its own mount/pid/net/ipc/uts namespaces (bubblewrap), a read-only view of
 only /usr and the Python runtime, a private /tmp, the workspace at `mount_at`, no network, an

@@ -1,4 +1,4 @@
-"""The task format on disk (RECIPE.md section 3).
+"""The task format on disk (docs/recipe.md §3).
 
     <task>/workspace/        the repository the agent works in
     <task>/instruction.md    the short instruction it is given

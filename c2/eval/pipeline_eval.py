@@ -18,8 +18,8 @@ import ml_collections
 
 from c2 import model as model_lib
 from c2.data import pipeline as data_pipeline
-from c2.eval.bpb import heldout_bpb
 from c2.train import lm
+from c2.train.bpb import heldout_bpb
 from c2.train.checkpoint import Checkpointer
 from c2.train.config import sharding_rules
 from c2.train.loop import init_key

@@ -54,7 +54,6 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     norm_topk_prob: bool = True
-    balance_loss_weight: float = 0.0
     # Positions.
     rope_theta: float = 10000.0
     rope_interleave: bool = True

@@ -12,12 +12,16 @@ DeepSeek MTP layers (`model.layers.{n_layers + d}.*`) are imported into `params[
 checkpoint holds them; their copies of the embedding and head are skipped (c2 shares them).
 
 The parameter dtype follows the stored embedding (float32 stays float32; bf16 and FP8 releases
-load as bfloat16) unless `dtype=` says otherwise; routers stay float32. Slicing and FP8 live in
+load as bfloat16) unless `dtype=` says otherwise; routers stay float32. The compute dtype
+(`ModelConfig.dtype`) follows config.json's `dtype` / `torch_dtype` (else the parameter dtype)
+unless `compute_dtype=` says otherwise, so a float32 checkpoint computes in float32 and matches
+transformers out of the box; pass `compute_dtype="bfloat16"` for bf16 speed. Slicing and FP8 live in
 `c2.model.hf_tensors`, config.json mapping in `c2.model.hf_config`.
 
 Export writes per-expert safetensors + config.json that `from_pretrained` loads (single process:
 each layer is gathered to the host in turn). CLI, through orbax:
-`python -m c2.model.hf import HF_DIR ORBAX_DIR [--dtype bfloat16] [--mesh fsdp=8]` and
+`python -m c2.model.hf import HF_DIR ORBAX_DIR [--dtype bfloat16] [--compute_dtype bfloat16]
+[--mesh fsdp=8]` and
 `python -m c2.model.hf export ORBAX_DIR HF_DIR`.
 """
 
@@ -38,12 +42,12 @@ from jax.sharding import Mesh, SingleDeviceSharding
 
 from c2.model import params as params_lib
 from c2.model.config import ModelConfig, YarnConfig
-from c2.model.hf_config import config_from_hf, config_to_hf
+from c2.model.hf_config import checkpoint_dtype, config_from_hf, config_to_hf
 from c2.model.hf_tensors import DictSource, SafetensorsSource, Src, read_slice
 
 __all__ = [
-    "DictSource", "SafetensorsSource", "config_from_hf", "config_to_hf", "export_hf_checkpoint",
-    "from_hf_source", "load_hf_checkpoint", "load_orbax", "save_orbax",
+    "DictSource", "SafetensorsSource", "checkpoint_dtype", "config_from_hf", "config_to_hf",
+    "export_hf_checkpoint", "from_hf_source", "load_hf_checkpoint", "load_orbax", "save_orbax",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -300,19 +304,23 @@ def from_hf_source(
     *,
     mesh: Mesh | None = None,
     dtype: str | None = None,
+    compute_dtype: str | None = None,
     strict: bool = True,
 ) -> tuple[ModelConfig, dict]:
     """(config, params) from a tensor source (`SafetensorsSource`, `DictSource`) and config.json.
 
     `dtype` is the parameter dtype ("bfloat16" or "float32"; default: that of the stored
     embedding, so float32 checkpoints stay float32 and bf16 / FP8 releases load as bfloat16).
-    With a mesh every leaf is created in its `param_shardings` shards.
+    `compute_dtype` is `ModelConfig.dtype` (default: config.json's `dtype` / `torch_dtype`, else
+    the parameter dtype). With a mesh every leaf is created in its `param_shardings` shards.
     """
     names = src.names()
     prefix = _prefix(names)
     cfg = config_from_hf(hf_config, strict=strict)
+    param_dtype = dtype or _default_dtype(src, f"{prefix}model.embed_tokens.weight")
     cfg = cfg.replace(
-        param_dtype=dtype or _default_dtype(src, f"{prefix}model.embed_tokens.weight")
+        param_dtype=param_dtype,
+        dtype=compute_dtype or checkpoint_dtype(hf_config) or param_dtype,
     )
     # MTP layers: as many as the checkpoint holds (transformers' save_pretrained drops them).
     depth = 0
@@ -357,9 +365,15 @@ def load_hf_checkpoint(
     *,
     mesh: Mesh | None = None,
     dtype: str | None = None,
+    compute_dtype: str | None = None,
     strict: bool = True,
 ) -> tuple[ModelConfig, dict]:
-    """(config, params) from a transformers checkpoint directory (see the module docstring)."""
+    """(config, params) from a transformers checkpoint directory (see the module docstring).
+
+    `dtype` is the parameter dtype (default: the stored embedding's); `compute_dtype` is
+    `ModelConfig.dtype` (default: config.json's `dtype` / `torch_dtype`, so a float32 checkpoint
+    computes in float32 and matches transformers).
+    """
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
@@ -367,7 +381,12 @@ def load_hf_checkpoint(
     src = SafetensorsSource(path)
     try:
         return from_hf_source(
-            src, json.loads(cfg_file.read_text()), mesh=mesh, dtype=dtype, strict=strict
+            src,
+            json.loads(cfg_file.read_text()),
+            mesh=mesh,
+            dtype=dtype,
+            compute_dtype=compute_dtype,
+            strict=strict,
         )
     finally:
         src.close()
@@ -468,6 +487,7 @@ def config_to_json(c: ModelConfig) -> str:
 
 def config_from_json(text: str) -> ModelConfig:
     d = json.loads(text)
+    d.pop("balance_loss_weight", None)  # a removed, never-used field of older files
     if d.get("rope_scaling") is not None:
         d["rope_scaling"] = YarnConfig(**d["rope_scaling"])
     return ModelConfig(**d)
@@ -525,7 +545,13 @@ def main(argv: list[str] | None = None) -> None:
     imp = sub.add_parser("import", help="HF safetensors dir -> orbax dir (+ model_config.json)")
     imp.add_argument("src")
     imp.add_argument("dst")
-    imp.add_argument("--dtype", choices=sorted(_NP_DTYPES), default=None)
+    imp.add_argument("--dtype", choices=sorted(_NP_DTYPES), default=None, help="param dtype")
+    imp.add_argument(
+        "--compute_dtype",
+        choices=["bfloat16", "float16", "float32"],
+        default=None,
+        help="ModelConfig.dtype (default: config.json's dtype)",
+    )
     imp.add_argument("--mesh", default="", help='e.g. "fsdp=8" (default: one device)')
     imp.add_argument("--no-strict", action="store_true", help="warn on unknown HF config fields")
     exp = sub.add_parser("export", help="orbax dir (from `import` or save_orbax) -> HF dir")
@@ -536,7 +562,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "import":
         mesh = _mesh_from_flag(args.mesh)
         cfg, params = load_hf_checkpoint(
-            args.src, mesh=mesh, dtype=args.dtype, strict=not args.no_strict
+            args.src,
+            mesh=mesh,
+            dtype=args.dtype,
+            compute_dtype=args.compute_dtype,
+            strict=not args.no_strict,
         )
         save_orbax(params, args.dst, cfg)
         total, active = params_lib.count_params(cfg, include_mtp=True)

@@ -23,11 +23,12 @@ QWEN_TYPES = ("qwen3_moe",)
 # head_dim/qk_head_dim; MLA's num_key_value_heads, which only GQA uses).
 _NO_EFFECT = {
     "architectures", "model_type", "transformers_version", "_name_or_path", "auto_map",
-    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "dtype",
-    "torch_dtype", "output_router_logits", "ep_size", "aux_loss_alpha", "seq_aux",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache",
+    "output_router_logits", "ep_size", "aux_loss_alpha", "seq_aux", "router_aux_loss_coef",
     "pretraining_tp", "id2label", "label2id", "return_dict", "output_hidden_states",
     "output_attentions", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder",
     "quantization_config",  # read by the loader (block-FP8 dequantisation)
+    "dtype", "torch_dtype",  # read by the loader (compute dtype): `checkpoint_dtype`
 }  # fmt: skip
 _READ = {
     "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
@@ -46,7 +47,6 @@ _DEEPSEEK = {
 _QWEN = {
     "num_experts", "decoder_sparse_step", "mlp_only_layers", "layer_types", "head_dim",
     "num_key_value_heads", "use_sliding_window", "sliding_window", "max_window_layers",
-    "router_aux_loss_coef",
 }  # fmt: skip
 
 
@@ -74,6 +74,21 @@ def _get(d: dict, *names, default=None):
         if d.get(n) is not None:
             return d[n]
     return default
+
+
+def checkpoint_dtype(hf: dict) -> str | None:
+    """config.json's `dtype` (transformers 5) or `torch_dtype` (4.x); None when absent.
+
+    The loader computes in it by default, so a float32 checkpoint runs in float32 like transformers.
+    """
+    hf = {**hf, **hf.get("text_config", {})}  # multimodal wrappers: the language model's
+    value = _get(hf, "dtype", "torch_dtype")
+    if value is None:
+        return None
+    value = str(value).removeprefix("torch.")
+    if value not in ("float32", "bfloat16", "float16"):
+        raise _unsupported("dtype", value, "'float32', 'bfloat16' or 'float16'")
+    return value
 
 
 def _rope(d: dict, head_dim: int) -> tuple[float, YarnConfig | None]:
@@ -205,9 +220,6 @@ def config_from_hf(hf: dict, *, strict: bool = True) -> ModelConfig:
         head_dim=head_dim,
         score_func="softmax",
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
-        balance_loss_weight=(
-            float(hf.get("router_aux_loss_coef", 0.0)) if hf.get("output_router_logits") else 0.0
-        ),
         rope_theta=theta,
         rope_interleave=False,
         rope_scaling=yarn,
@@ -295,6 +307,4 @@ def config_to_hf(c: ModelConfig) -> dict:
         decoder_sparse_step=1,
         mlp_only_layers=list(range(c.first_k_dense)),
         use_sliding_window=False,
-        output_router_logits=c.balance_loss_weight > 0,
-        router_aux_loss_coef=c.balance_loss_weight,
     )

@@ -7,8 +7,8 @@ Dispatch: tokens sorted by expert, grouped matmuls (`jax.lax.ragged_dot`, or eac
 padded to whole tiles where a tiled kernel runs them: the CPU, the grouped Pallas MXFP8 kernels),
 scattered back and weighted by gates. With an `expert` mesh axis > 1 the experts are sharded and
 tokens travel by an all-to-all inside `jax.shard_map` (ragged where the backend has it, padded
-on XLA:CPU). `router_impl="pallas"` computes gates and the sorted order with the router-replay
-kernel.
+on XLA:CPU). `router_impl="pallas"` computes gates with the router-replay kernel, and the sorted
+order too where the local dispatch uses it (the expert-parallel and dense paths sort their own).
 """
 
 from __future__ import annotations
@@ -66,27 +66,29 @@ def gate_weights(scores_TE: jax.Array, idx_TK: jax.Array, c: ModelConfig) -> jax
     return g * c.routed_scaling_factor
 
 
-def route(x_TH, p, c: ModelConfig, routing_TK=None):
+def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True):
     """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32, sorted pairs or None).
 
     With `router_impl="pallas"` the router-replay kernel (pallas_kernels/router_replay.py) gathers
-    the gates from the logits and also returns the expert-sorted order of the (token, slot) pairs
-    and the per-expert counts, which the local dispatch reuses instead of sorting again.
+    the gates from the logits and, when `sorted_pairs`, also returns the expert-sorted order of the
+    (token, slot) pairs and the per-expert counts, which the local dispatch reuses instead of
+    sorting again. Callers that sort elsewhere pass `sorted_pairs=False`: gates only.
     """
     logits = router_logits(x_TH, p)
     scores = _score(logits, c)
     idx = select_experts(scores, p.get("router_bias"), c) if routing_TK is None else routing_TK
     idx = idx.astype(jnp.int32)
     if c.router_impl == "pallas":
-        from pallas_kernels.router_replay import router_replay
+        from pallas_kernels.router_replay import router_replay, router_replay_gates
 
-        pairs = router_replay(
-            logits,
-            idx,
+        kw = dict(
             score_func=c.score_func,
             norm_topk_prob=c.norm_topk_prob,
             routed_scaling_factor=c.routed_scaling_factor,
         )
+        if not sorted_pairs:
+            return idx, router_replay_gates(logits, idx, **kw), scores, None
+        pairs = router_replay(logits, idx, **kw)
         return idx, pairs.gates_TK, scores, pairs
     return idx, gate_weights(scores, idx, c), scores, None
 
@@ -311,13 +313,14 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
     B, T, H = x_BTH.shape
     x_TH = x_BTH.reshape(B * T, H)
     routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
-    idx, gates, scores, pairs = route(x_TH, p, c, routing)
     ep = sharding.axis_size(mesh, "expert")
+    local = c.moe_impl != "dense" and ep == 1  # the only dispatch that reuses the kernel's order
+    idx, gates, scores, pairs = route(x_TH, p, c, routing, sorted_pairs=local)
     experts = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
     dropped = jnp.zeros((), jnp.int32)
     if c.moe_impl == "dense":
         y = _dispatch_dense(x_TH, idx, gates, experts, c)
-    elif ep == 1:
+    elif local:
         y = _dispatch_local(x_TH, idx, gates, experts, c, pairs)
     else:
         tok = P(sharding.BATCH_AXES, "context", None)

@@ -157,10 +157,6 @@ def abstract_params(c: ModelConfig) -> dict:
     )
 
 
-def param_axes(c: ModelConfig) -> dict:
-    return jax.tree.map(lambda s: s.axes, param_specs(c), is_leaf=_is_spec)
-
-
 def param_shardings(c: ModelConfig, mesh: Mesh, rules=sharding.RULES) -> dict:
     return jax.tree.map(
         lambda s: sharding.named_sharding(mesh, s.axes, rules), param_specs(c), is_leaf=_is_spec

@@ -127,7 +127,11 @@ def forward(
         _check_routing(routing, c, B, T)
     if mesh is not None:
         sharding.check_divisible(
-            mesh, batch=B, seq=T if cache is None else None, n_experts=c.n_experts
+            mesh,
+            batch=B,
+            seq=T if cache is None else None,
+            n_experts=c.n_experts,
+            n_heads=c.n_heads,
         )
     x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
     new_cache = None if cache is None else {"pos": cache["pos"]}

@@ -1,6 +1,6 @@
 """MXFP8: quantise/dequantise, the block-scaled matmul, and the differentiable training GEMMs.
 
-Recipe section 1 (precision): FP8 E4M3 elements and one E8M0 power-of-two scale per block of
+docs/recipe.md §1 (precision): FP8 E4M3 elements and one E8M0 power-of-two scale per block of
 `block_size` (32, the OCP MX standard; 16, the report's setting) consecutive elements along the
 contraction axis. The bit-exact block math is in `c2.quant.numerics`.
 

@@ -1,6 +1,6 @@
 """MXFP8 block numerics, bit-exact: E4M3 elements with one E8M0 power-of-two scale per block.
 
-Recipe section 1 (precision) and DESIGN.md "Numerics": the scale of a block is
+docs/recipe.md §1 (precision): the scale of a block is
 2^ceil(log2(amax / 448)), i.e. the smallest power of two with amax <= 448 * scale (rounding up: the
 OCP floor rule clips the block maximum and is known to diverge). Elements are x / scale rounded to
 the nearest even E4M3 value and saturated to +-448.

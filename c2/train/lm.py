@@ -1,4 +1,4 @@
-"""The language-model task of a pretraining / long-context / SFT stage (RECIPE.md section 1).
+"""The language-model task of a pretraining / long-context / SFT stage (docs/recipe.md §1).
 
 Builds the model config from the stage config, the mesh, the loss (next-token CE + MTP
 self-distillation + optional balance loss), the aux-loss-free router-bias update, the grain
@@ -20,7 +20,7 @@ from c2 import model as model_lib
 from c2 import sharding
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
-from c2.eval.bpb import forward_on_batch, heldout_bpb
+from c2.train.bpb import forward_on_batch, heldout_bpb
 from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task
 from c2.train.losses import mtp_distillation, next_token_loss

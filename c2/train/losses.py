@@ -1,4 +1,4 @@
-"""Next-token cross-entropy, MTP self-distillation (RECIPE.md section 1) and bits per byte."""
+"""Next-token cross-entropy, MTP self-distillation (docs/recipe.md §1) and bits per byte."""
 
 from __future__ import annotations
 

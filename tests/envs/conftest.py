@@ -1,15 +1,43 @@
-"""Fixtures for the environment tests: one sandbox for the session and fresh workspaces."""
+"""Fixtures for the environment tests: one sandbox for the session and fresh workspaces.
+
+Without bubblewrap namespaces the tests that need them skip on a developer's machine, but fail
+in CI (the `CI` environment variable, which CI services set): there a missing sandbox must not
+quietly remove the tests that check containment.
+"""
+
+import os
 
 import pytest
 
+from c2.envs.isolation import probe
 from c2.envs.sandbox import Sandbox, SandboxLimits
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def _missing_isolation(what: str) -> None:
+    """Skip locally; fail in CI, naming what is missing and what this machine has."""
+    msg = f"{what}; this machine has {probe().describe()}"
+    if in_ci():
+        pytest.fail(f"CI={os.environ['CI']} expects sandbox isolation: {msg}", pytrace=False)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def missing_isolation():
+    """missing_isolation(what): skip here, fail in CI."""
+    return _missing_isolation
 
 
 @pytest.fixture(scope="session")
 def sandbox() -> Sandbox:
     sb = Sandbox(SandboxLimits(timeout_s=30, memory_mb=512))
     if not sb.isolated:
-        pytest.skip(f"needs bubblewrap (`make setup` installs it); have {sb.isolation.describe()}")
+        _missing_isolation(
+            "bubblewrap namespaces are missing (`make setup` installs bubblewrap as root)"
+        )
     return sb
 
 

@@ -90,11 +90,11 @@ def test_logits_match_transformers(name, hf_model, assert_parity, tmp_path):
     family, overrides = PARITY_CONFIGS[name]
     model = hf_model(family, **overrides)
     model.save_pretrained(tmp_path)
-    cfg, params = hf.load_hf_checkpoint(tmp_path)
-    assert cfg.family == family and cfg.param_dtype == "float32"
+    cfg, params = hf.load_hf_checkpoint(tmp_path)  # defaults: a float32 checkpoint computes in fp32
+    assert cfg.family == family and cfg.param_dtype == "float32" and cfg.dtype == "float32"
     ref = hf_logits(model)
     for impl in ("ragged", "dense"):
-        assert_parity(c2_logits(params, cfg.replace(dtype="float32", moe_impl=impl)), ref)
+        assert_parity(c2_logits(params, cfg.replace(moe_impl=impl)), ref)
 
 
 @pytest.mark.parametrize("name", ["deepseek_qlora_groups_yarn", "qwen3_gqa_norm_topk"])
@@ -145,6 +145,28 @@ def test_param_dtype_follows_the_checkpoint(hf_model, tmp_path):
     )
     cfg32, params32 = hf.load_hf_checkpoint(tmp_path, dtype="float32")
     assert cfg32.param_dtype == "float32" and params32["embed"].dtype == jnp.float32
+
+
+def test_compute_dtype_follows_config_json_unless_asked(hf_model, tmp_path):
+    """config.json's dtype sets ModelConfig.dtype; `compute_dtype=` overrides it."""
+    model = hf_model("qwen3_moe")
+    model.save_pretrained(tmp_path / "fp32")
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
+    assert hf.load_hf_checkpoint(tmp_path / "fp32")[0].dtype == "float32"
+    cfg, params = hf.load_hf_checkpoint(tmp_path / "fp32", compute_dtype="bfloat16")
+    assert cfg.dtype == "bfloat16" and cfg.param_dtype == "float32"
+    # bf16 compute is what the old default gave: visibly off transformers' fp32 logits.
+    ref = hf_logits(model)
+    err = np.abs(c2_logits(params, cfg) - ref).max() / np.abs(ref).max()
+    assert err > 1e-3, err
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert hf.load_hf_checkpoint(tmp_path / "bf16")[0].dtype == "bfloat16"
+    # transformers 4.x writes torch_dtype; a config without either falls back to the params'.
+    hf_cfg = json.loads((tmp_path / "fp32" / "config.json").read_text())
+    assert hf.checkpoint_dtype({**hf_cfg, "dtype": None, "torch_dtype": "bfloat16"}) == "bfloat16"
+    assert hf.checkpoint_dtype({**hf_cfg, "dtype": None}) is None
+    with pytest.raises(ValueError, match="dtype='int8'"):
+        hf.checkpoint_dtype({**hf_cfg, "dtype": "int8"})
 
 
 def _quantise_fp8(w: torch.Tensor, block: int = 128):
@@ -282,7 +304,7 @@ def test_mtp_layers_export_and_import(assert_parity, tmp_path):
     ):
         assert f"model.layers.3.{suffix}" in src
     cfg2, params2 = hf.load_hf_checkpoint(tmp_path)
-    assert cfg2 == cfg.replace(dtype="bfloat16")
+    assert cfg2 == cfg  # the compute dtype follows config.json's (float32) dtype
     assert_trees_equal(params2, params)
     # A checkpoint without them (what save_pretrained writes) imports with mtp_depth 0.
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -290,7 +312,7 @@ def test_mtp_layers_export_and_import(assert_parity, tmp_path):
     model.save_pretrained(tmp_path / "resaved")
     cfg3, params3 = hf.load_hf_checkpoint(tmp_path / "resaved")
     assert cfg3.mtp_depth == 0 and "mtp" not in params3
-    assert_parity(c2_logits(params3, cfg3.replace(dtype="float32")), hf_logits(model))
+    assert_parity(c2_logits(params3, cfg3), hf_logits(model))
 
 
 @pytest.mark.parametrize("name", ["kimi_k2", "qwen3_moe"])

@@ -154,6 +154,10 @@ def test_mesh_must_divide_model():
         model.forward(p, toks, c, mesh=mesh)
     with pytest.raises(ValueError, match=r"sequence length=15 is not divisible .* size 2"):
         model.forward(p, toks[:, :15], c, mesh=sharding.make_mesh(data=4, context=2))
+    # Heads over the tensor axis: named before compiling (else an IndivisibleError inside jit).
+    c, p, toks = _setup("tiny_kimi_k2", n_heads=6, batch=2)
+    with pytest.raises(ValueError, match=r"n_heads=6 is not divisible by mesh axes tensor of .*4"):
+        model.forward(p, toks, c, mesh=sharding.make_mesh(data=2, tensor=4))
 
 
 def test_mtp_depth_is_causal_one_token_ahead():

@@ -2,7 +2,8 @@
 
 `mxfp8_impl="pallas"` runs every dense projection through the MXFP8 quantise + block-scaled matmul
 kernels and every expert GEMM through the grouped ones; `router_impl="pallas"` computes gates,
-counts and the expert-sorted order with the router-replay kernel. Same loss, same gradients.
+counts and the expert-sorted order with the router-replay kernel (gates only under expert
+parallelism, which sorts in its exchange). Same loss, same gradients.
 """
 
 import chex
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2 import model
+from c2 import model, sharding
 
 
 def _loss_and_grads(c, p, toks, routing=None):
@@ -59,6 +60,31 @@ def test_router_replay_kernel_in_the_model_matches_xla(name):
     np.testing.assert_array_equal(idx_o, other)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     chex.assert_trees_all_close(g_got, g_want, atol=1e-6, rtol=1e-5)
+
+
+def test_router_kernel_with_expert_parallelism_computes_gates_only_and_matches_xla():
+    """EP > 1 sorts in its own exchange: the kernel's sorted order is not computed there (only
+    the local dispatch runs the positions kernel), and loss and gradients equal the XLA router."""
+    c = model.presets.get("tiny_qwen3_moe", dtype="float32")
+    mesh = sharding.make_mesh(expert=8)
+    p = model.init_params(c, jax.random.key(0), mesh)
+    toks = jax.random.randint(jax.random.key(1), (8, 16), 0, c.vocab_size, jnp.int32)
+    ck = c.replace(router_impl="pallas")
+
+    def loss(p, cc, mesh):
+        logits, _ = model.forward(p, toks, cc, mesh=mesh)
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 7])
+
+    for cc, m, positions in ((ck, mesh, False), (ck, None, True)):
+        jaxpr = str(jax.make_jaxpr(lambda p, cc=cc, m=m: loss(p, cc, m))(p))
+        assert "router_replay_gates" in jaxpr
+        assert ("router_replay_positions" in jaxpr) == positions
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=(1, 2))
+    want, g_want = grad(p, c, mesh)
+    got, g_got = grad(p, ck, mesh)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    chex.assert_trees_all_close(g_got, g_want, atol=1e-6, rtol=1e-5)
+    assert float(jnp.abs(g_got["moe_layers"]["mlp"]["router"]).max()) > 0
 
 
 @pytest.mark.parametrize("router_impl", ["xla", "pallas"])

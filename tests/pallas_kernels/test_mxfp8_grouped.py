@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_mxfp8_kernels import assert_close, special_matrix
+from test_mxfp8_kernels import assert_close, huge_scale_operands, special_matrix
 
 from c2.quant import mxfp8 as mx
 from pallas_kernels import mxfp8_grouped as pg
@@ -49,6 +49,16 @@ def test_gmm_nt_equals_reference(tile_group, k, n, bs, tiles):
     qb, sb = mx.quantize(b, bs, axis=2)
     run = jax.jit(functools.partial(pg.gmm_nt, block_size=bs, block_n=tiles[0], block_k=tiles[1]))
     assert_close(run(qa, sa, qb, sb, tg), pg.gmm_nt_reference(qa, sa, qb, sb, tg, bs))
+
+
+def test_gmm_nt_scales_whose_product_leaves_float32():
+    """2^100 x 2^40 overflows float32 where the result does not (same accumulation as matmul_nt)."""
+    qa, sa, qb, sb = huge_scale_operands(32, 16, 64, 32, 100, 40, 2.0**-9, 2.0**-9, seed=8)
+    want = (np.asarray(qa, np.float64) * 2.0**100) @ (np.asarray(qb, np.float64) * 2.0**40).T
+    tg = jnp.asarray([0, 1], jnp.int32)  # two row tiles of 16, both experts equal
+    got = pg.gmm_nt(qa, sa, jnp.stack([qb, qb]), jnp.stack([sb, sb]), tg, block_n=16, block_k=32)
+    assert 0 < np.abs(want).max() < 2.0**127
+    assert_close(got, want)
 
 
 def test_gmm_nt_special_values_and_bf16_output():

@@ -97,6 +97,41 @@ def test_matmul_nt_block16_bf16_output_and_zero_blocks():
     assert_close(out.astype(jnp.float32), want.astype(jnp.float32), rtol=8e-3)  # bf16 rounding
 
 
+def huge_scale_operands(m, n, k, bs, sa_exp, sb_exp, a_max, b_max, seed):
+    """FP8 elements up to a_max / b_max with E8M0 scale bytes set directly: every a block scaled
+    by 2^sa_exp, every b block by 2^sb_exp (no dequantised element overflows)."""
+    rng = np.random.default_rng(seed)
+    fp8 = np.float32([2.0**-9, 2.0**-6, 0.5, 1.0, 448.0])  # E4M3 subnormal .. max
+
+    def elements(rows, top):
+        x = rng.choice(fp8[fp8 <= top], (rows, k)) * rng.choice([-1, 1], (rows, k))
+        return jnp.asarray(x, jnp.float8_e4m3fn)
+
+    sa = jnp.full((m, k // bs), 127 + sa_exp, jnp.uint8)
+    sb = jnp.full((n, k // bs), 127 + sb_exp, jnp.uint8)
+    return elements(m, a_max), sa, elements(n, b_max), sb
+
+
+@pytest.mark.parametrize(
+    "sa_exp,sb_exp,a_max,b_max",
+    [
+        (100, 40, 2.0**-9, 2.0**-9),  # 2^140 overflows float32; 2^-18 x 2^140 per product does not
+        (120, -120, 1.0, 448.0),  # partial (up to 2^14) x 2^120 would overflow before x 2^-120
+        (-127, 127, 448.0, 1.0),  # E8M0's smallest and largest
+    ],
+)
+def test_matmul_nt_scales_whose_product_leaves_float32(sa_exp, sb_exp, a_max, b_max):
+    """Against float64 numpy: the jnp reference dequantises to float32, where XLA:CPU flushes the
+    subnormals that 2^-120 and 2^-127 scales make."""
+    qa, sa, qb, sb = huge_scale_operands(32, 16, 64, 32, sa_exp, sb_exp, a_max, b_max, seed=7)
+    a = np.asarray(qa, np.float64) * 2.0**sa_exp
+    b = np.asarray(qb, np.float64) * 2.0**sb_exp
+    want = a @ b.T
+    assert 0 < np.abs(want).max() < 2.0**127  # finite in float32, and not all zero
+    run = jax.jit(functools.partial(pk.matmul_nt, block_m=16, block_n=16, block_k=32))
+    assert_close(run(qa, sa, qb, sb), want)
+
+
 def test_kernel_matmul_matches_c2_quant_and_lax_scaled_dot():
     rng = np.random.default_rng(6)
     a = jnp.asarray(rng.standard_normal((32, 64)) * 30, jnp.float32)

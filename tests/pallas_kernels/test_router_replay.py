@@ -68,6 +68,17 @@ def test_router_replay_matches_reference_with_gradients(
     )
 
 
+@pytest.mark.parametrize("score_func,norm", [("sigmoid", True), ("softmax", False)])
+def test_gates_only_variant_matches_reference_with_gradients(score_func, norm):
+    logits, idx = routing(37, 12, 3, seed=3)
+    kw = dict(score_func=score_func, norm_topk_prob=norm, routed_scaling_factor=2.5)
+    gates_only = jax.jit(functools.partial(rr.router_replay_gates, block_t=8, **kw))
+    want = reference(**kw)(logits, idx)
+    np.testing.assert_allclose(gates_only(logits, idx), want.gates_TK, rtol=1e-6)
+    g = weighted_gates_grad(lambda l, i: rr.RouteResult(gates_only(l, i), *want[1:]), logits, idx)
+    np.testing.assert_allclose(g, weighted_gates_grad(reference(**kw), logits, idx), rtol=1e-5)
+
+
 def test_gates_follow_deepseek_v3_formula():
     logits, idx = routing(24, 16, 4, seed=1)
     got = kernel(score_func="sigmoid", norm_topk_prob=True, routed_scaling_factor=2.5)(logits, idx)

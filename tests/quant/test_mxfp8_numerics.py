@@ -86,11 +86,26 @@ def edge_blocks(bs: int) -> np.ndarray:
     return np.stack(rows).astype(np.float32)
 
 
-@pytest.mark.parametrize("amax", [448.0, 449.0, 464.0, 224.0, 256.0, 1.0, 1e-40, 3.0e38, 2.0**-140])
-def test_exact_exponent_helper_matches_definition(amax):
-    e = exact_exponent(amax)
-    assert Fraction(amax) <= 448 * Fraction(2) ** e or e == 127
-    assert e == -127 or Fraction(amax) > 448 * Fraction(2) ** (e - 1)
+# (block amax, its scale exponent worked out by hand: the smallest e with amax <= 448 * 2^e).
+HAND_EXPONENTS = [
+    (448.0, 0), (449.0, 1), (464.0, 1), (224.0, -1), (256.0, 0), (1.0, -8), (1e-6, -28),
+    (3.0e38, 120), (1e-40, -127), (2.0**-140, -127),  # the last two clamped to E8M0's 2^-127
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("amax,e", HAND_EXPONENTS)
+def test_quantize_scale_exponent_matches_hand_values_and_definition(amax, e):
+    """The library's scale byte, not the test's helper: hand values, and the definition checked
+    with exact rationals (amax fits at e, and would not at e - 1 unless clamped)."""
+    x = np.zeros((1, 32), np.float32)
+    x[0, 5], x[0, 9] = -amax, amax / 3
+    amax32 = Fraction(float(np.float32(amax)))
+    _, s = mx.quantize(jnp.asarray(x), 32)
+    got = int(scale_bytes(s)[0, 0]) - 127
+    assert got == e
+    assert amax32 <= 448 * Fraction(2) ** got
+    assert got == -127 or amax32 > 448 * Fraction(2) ** (got - 1)
+    assert exact_exponent(float(amax32)) == e  # the helper the other tests use agrees
 
 
 @pytest.mark.parametrize("bs", [16, 32])
@@ -213,9 +228,14 @@ def test_bad_inputs_raise_clear_errors():
         mx.dequantize(q, s[:2], 32)
 
 
-def test_quantize_is_jittable():
-    x = jnp.asarray(edge_blocks(32))
-    q, s = jax.jit(mx.quantize, static_argnums=(1, 2))(x, 32, -1)
-    q2, s2 = mx.quantize(x, 32)
-    np.testing.assert_array_equal(q_bits(q), q_bits(q2))
-    np.testing.assert_array_equal(scale_bytes(s), scale_bytes(s2))
+@pytest.mark.parametrize("bs,axis", [(32, -1), (16, 0)])
+def test_quantize_under_jit_matches_exact_formula(bs, axis):
+    """Jitted (XLA may fuse and reorder the bit maths) against the exact rational reference."""
+    x = edge_blocks(bs)
+    x = x if axis == -1 else x.T
+    q, s = jax.jit(mx.quantize, static_argnums=(1, 2))(jnp.asarray(x), bs, axis)
+    q_ref, s_ref = expected_blocks(x if axis == -1 else x.T, bs)
+    if axis == 0:
+        q, s = q.T, s.T
+    np.testing.assert_array_equal(q_bits(q), q_ref)
+    np.testing.assert_array_equal(scale_bytes(s), s_ref)

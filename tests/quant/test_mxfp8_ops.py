@@ -92,14 +92,16 @@ def test_mxfp8_dot_forward_and_three_gemm_gradients(bs):
     assert np.linalg.norm(np.asarray(dx) - dx_exact) < 0.1 * np.linalg.norm(dx_exact)
 
 
-def test_mxfp8_dot_keeps_input_dtypes_and_jits():
+def test_mxfp8_dot_keeps_bf16_inputs_bf16_and_matches_the_reference_under_jit():
+    """bf16 in, bf16 out (values and both gradients), each the float64 dequantise-then-dot
+    reference rounded once to bf16 (half an ulp: 2^-9 relative)."""
     x, w = rand((6, 32), 9, dtype=jnp.bfloat16), rand((32, 16), 10, dtype=jnp.bfloat16)
-    f = jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(mx.mxfp8_dot(x, w) ** 2), argnums=(0, 1)))
-    _, (dx, dw) = f(x, w)
-    assert mx.mxfp8_dot(x, w).dtype == jnp.bfloat16
-    assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.bfloat16
-    y = mx.mxfp8_dot(x, w)
-    assert_close(y, np.asarray(mx.mxfp8_matmul(x, w)).astype(jnp.bfloat16), rtol=0)
+    dy = rand((6, 16), 11, 0.1, dtype=jnp.bfloat16)
+    y, dx, dw = value_and_grads(mx.mxfp8_dot, x, w, dy)
+    assert y.dtype == dx.dtype == dw.dtype == jnp.bfloat16
+    f32 = lambda a: a.astype(jnp.float32)
+    for got, want in zip((y, dx, dw), dot_reference(f32(x), f32(w), f32(dy), 32)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2.0**-8, atol=1e-6)
 
 
 def test_mxfp8_dot_under_shard_map_equals_single_device():

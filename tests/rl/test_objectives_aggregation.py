@@ -162,11 +162,20 @@ def test_token_mean_without_global_counts_is_not_invariant():
     assert abs(sum(halves) - whole) > 1e-4 * abs(whole)
 
 
-def test_token_weights_matches_aggregate():
+def test_token_weights_and_aggregate_match_hand_formulas():
+    """Lengths 2 and 5, losses 0..5 and 6..11: valid sums 1 and 40 over 7 tokens, 2 sequences."""
     mask_BT, _ = _two_lengths()
     loss_BT = jnp.arange(2 * T, dtype=jnp.float32).reshape(2, T)
-    for mode in MODES:
-        w_BT = token_weights(mask_BT, mode, constant=3.0)
-        np.testing.assert_allclose(
-            aggregate_loss(loss_BT, mask_BT, mode, constant=3.0), (w_BT * loss_BT).sum(), rtol=1e-6
-        )
+    m = np.asarray(mask_BT, np.float64)
+    lengths = m.sum(1, keepdims=True)  # [[2], [5]]
+    expected = {  # mode: (weights [2, T], loss), by hand
+        "sum_constant": (m / 3.0, (1 + 40) / 3.0),
+        "token_mean": (m / 7.0, (1 + 40) / 7.0),
+        "sequence_mean_token_mean": (m / (lengths * 2), (1 / 2 + 40 / 5) / 2),
+        "sequence_mean_token_sum": (m / 2.0, (1 + 40) / 2),
+    }
+    assert set(MODES) == set(expected)  # a new mode needs its formula here
+    for mode, (w_want, loss_want) in expected.items():
+        np.testing.assert_allclose(token_weights(mask_BT, mode, constant=3.0), w_want, rtol=1e-6)
+        got = aggregate_loss(loss_BT, mask_BT, mode, constant=3.0)
+        assert float(got) == pytest.approx(loss_want, rel=1e-6), mode

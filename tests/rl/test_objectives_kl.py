@@ -1,4 +1,4 @@
-"""KL estimators on a small categorical policy: what each one's gradient estimates (RECIPE.md s2).
+"""KL estimators on a small categorical policy: what each gradient estimates (docs/recipe.md §2).
 
 Monte Carlo checks use N i.i.d. samples and a tolerance of 5 standard errors per coordinate
 (the standard error is measured on the same samples); exact checks enumerate the vocabulary.

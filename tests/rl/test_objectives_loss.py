@@ -12,7 +12,6 @@ from c2.rl.objectives import (
     aggregate_loss,
     kl_token_loss,
     objective_advantages,
-    policy_gradient_loss,
     rl_loss,
 )
 
@@ -38,14 +37,24 @@ def test_defaults_are_the_recipe():
 
 
 def test_rl_loss_is_pg_aggregated_by_constant():
+    """The defaults by hand in float64: A = r - group mean, TIS weight min(pi/mu, 2) on each
+    token, loss = -sum(mask * w * A) / C, and d loss / d logp = -mask * w * A / C."""
     cfg = ObjectiveConfig(group_size=4, loss_constant=20.0)
     adv = objective_advantages(cfg, REWARDS)
-    np.testing.assert_allclose(
-        adv, (REWARDS.reshape(2, 4) - REWARDS.reshape(2, 4).mean(1, keepdims=True)).reshape(-1)
-    )
-    loss, metrics = jax.jit(rl_loss, static_argnums=0)(cfg, LOGP, BEHAVIOUR, adv, MASK)
-    token_loss, _ = policy_gradient_loss(LOGP, BEHAVIOUR, adv, MASK, correction="tis")
-    assert float(loss) == pytest.approx(float(token_loss.sum() / 20.0), rel=1e-6)
+    r = np.asarray(REWARDS, np.float64).reshape(2, 4)
+    adv_np = (r - r.mean(1, keepdims=True)).reshape(-1)
+    np.testing.assert_allclose(adv, adv_np, atol=1e-7)
+    behaviour = BEHAVIOUR.at[:, 0].add(-1.0)  # first tokens: pi/mu > 2, truncated by TIS
+    logp, mu = np.asarray(LOGP, np.float64), np.asarray(behaviour, np.float64)
+    m = np.asarray(MASK, np.float64)
+    w = np.minimum(np.exp(logp - mu), 2.0)
+    assert (w == 2.0).any() and (w < 2.0).any()  # the cap is exercised both ways
+    want = -(m * w * adv_np[:, None]).sum() / 20.0
+    loss_fn = jax.jit(rl_loss, static_argnums=0)
+    loss, metrics = loss_fn(cfg, LOGP, behaviour, adv, MASK)
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    grad = jax.grad(lambda lp: loss_fn(cfg, lp, behaviour, adv, MASK)[0])(LOGP)
+    np.testing.assert_allclose(grad, -m * w * adv_np[:, None] / 20.0, rtol=1e-5, atol=1e-8)
     assert "kl_loss" not in metrics  # the KL lives in the reward by default
     assert loss.dtype == jnp.float32
 

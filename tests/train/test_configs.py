@@ -38,7 +38,7 @@ def test_tiny_stage_configs_validate_on_the_reference_machine(name):
 
 
 def test_pipeline_steps_follow_the_top_level_fields():
-    from c2.train.pipeline import validate_pipeline
+    from c2.pipeline import validate_pipeline
 
     config = load_config(EXPERIMENTS / "pipeline_tiny.py")
     config.train.steps = 80

@@ -170,7 +170,7 @@ def test_hf_import_adds_a_fresh_mtp_module(tmp_path, small):
 @pytest.mark.slow
 def test_sharded_stage_trains_with_expert_parallelism(tmp_path):
     """Three steps of a real stage on data 2 x fsdp 2 x expert 2, then its held-out evaluation."""
-    from c2.train.pipeline import run_stage
+    from c2.pipeline import run_stage
 
     c = small_config()
     c.mesh.data, c.mesh.fsdp, c.mesh.expert = 2, 2, 2

@@ -1,4 +1,7 @@
-"""The RL objective as pure, jit-able functions, each choice registered by name (RECIPE.md s2)."""
+"""The RL objective as pure, jit-able functions, each choice registered by name.
+
+The recipe's RL loss: docs/recipe.md §2.
+"""
 
 from c2.rl.objectives.advantages import ADVANTAGE_ESTIMATORS, group_advantages
 from c2.rl.objectives.aggregation import (

@@ -1,4 +1,4 @@
-"""Group advantages: each sample's reward against the other samples of its prompt (RECIPE.md s2).
+"""Group advantages: each sample's reward against the others of its prompt (docs/recipe.md §2).
 
 Rewards are laid out group after group: rewards_B[g * group_size + i] is sample i of prompt g.
 `valid_B` marks real samples (a padded or failed rollout is invalid): it is left out of its

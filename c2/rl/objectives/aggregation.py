@@ -1,4 +1,4 @@
-"""Loss aggregation: how per-token terms become one number (RECIPE.md s2: sum / constant).
+"""Loss aggregation: how per-token terms become one number (docs/recipe.md §2: sum / constant).
 
 Every mode is a per-token weight w_BT, and the loss is sum(w_BT * token_loss_BT). The weights
 use *global* counts (tokens, sequences of the whole optimiser step), so summing the losses of

@@ -1,4 +1,4 @@
-"""KL estimators on sampled tokens and where they apply (RECIPE.md s2: k1, in the reward).
+"""KL estimators on sampled tokens and where they apply (docs/recipe.md §2: k1, in the reward).
 
 With r = pi_ref / pi_theta on the sampled token (log r = ref_logp - logp):
   k1 = -log r             unbiased for KL(pi_theta || pi_ref); as a loss its expected gradient is 0
@@ -12,7 +12,7 @@ policy gradient carries it; "loss" adds beta * k to each token's loss (different
 import jax
 import jax.numpy as jnp
 
-from c2.rl.objectives.registry import Registry, check_choice, check_tokens, f32, masked
+from c2.rl.objectives.registry import Registry, check_tokens, f32, masked
 
 KL_ESTIMATORS = Registry("kl_kind")
 KL_PLACEMENTS = ("reward", "loss")
@@ -61,7 +61,3 @@ def kl_token_loss(logp_BT, ref_logp_BT, mask_BT, kind: str, beta: float) -> jnp.
     check_tokens(mask_BT, logp_BT=logp_BT, ref_logp_BT=ref_logp_BT)
     kl_BT = kl_estimate(masked(logp_BT, mask_BT), masked(ref_logp_BT, mask_BT), kind)
     return f32(beta) * kl_BT
-
-
-def check_placement(placement: str) -> None:
-    check_choice("kl_placement", placement, KL_PLACEMENTS)

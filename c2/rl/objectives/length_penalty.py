@@ -1,4 +1,4 @@
-"""The nonlinear length penalty and the effort it measures (RECIPE.md s2, rewards).
+"""The nonlinear length penalty and the effort it measures (docs/recipe.md §2, rewards).
 
 C(k, q)(x) = ((1 + k x)^(1-q) - 1) / (k (1 - q)), with the q -> 1 limit log(1 + k x) / k.
 C(0) = 0 and C'(x) = (1 + k x)^(-q) > 0; for q > 0 the slope falls as x grows, so the first

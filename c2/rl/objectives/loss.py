@@ -30,7 +30,7 @@ from c2.rl.objectives.registry import check_choice, check_number
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
-    """Every algorithmic choice of the RL loss; defaults are the recipe's (RECIPE.md s2).
+    """Every algorithmic choice of the RL loss; defaults are the recipe's (docs/recipe.md §2).
 
     Hashable, so it can be a static argument of a jitted train step. `loss_constant` has no
     default: it depends on the run (the recipe's choice is group_size * max_length).

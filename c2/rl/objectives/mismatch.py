@@ -1,4 +1,4 @@
-"""Train-inference mismatch filter (RECIPE.md s2, beside MoE router replay).
+"""Train-inference mismatch filter (docs/recipe.md §2, beside MoE router replay).
 
 Per valid token, d = |log pi_train - log pi_infer|. Tokens (level="token") or whole samples
 (level="sample", scored by their largest d) above a fixed threshold, or above a quantile of this

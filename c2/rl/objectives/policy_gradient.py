@@ -1,4 +1,4 @@
-"""Policy-gradient token loss with the behaviour policy's logprobs (RECIPE.md s2, asynchronous RL).
+"""Policy-gradient token loss with the behaviour policy's logprobs (docs/recipe.md §2, async RL).
 
 Samples come from the inference engine (the behaviour policy mu, possibly a few weight versions
 old, and numerically different from the trainer even at the same version). Three logprobs:

@@ -1,4 +1,4 @@
-"""Reward combination: task reward, behaviour rewards, penalties, KL (RECIPE.md s2, rewards).
+"""Reward combination: task reward, behaviour rewards, penalties, KL (docs/recipe.md §2, rewards).
 
 total_B = sum over given terms of sign * weight(step) * term_B, where rewards add and penalties
 (given as non-negative magnitudes) subtract. Weights are numbers or schedules step -> weight

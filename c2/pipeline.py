@@ -5,6 +5,9 @@ A config with a `stages` field is a pipeline (experiments/pipeline_tiny.py): its
 names its own `init_from`; then c2.eval.pipeline_eval measures held-out bits per byte and MTP
 acceptance of every stage's weights and writes DIR/report.md with PNG plots. Any other config is
 a single stage trained in DIR. Both resume by themselves from an existing DIR.
+
+Layering: this module sits above c2.train and c2.eval (it runs training, then evaluation, then the
+report); c2.eval imports c2.train, and c2.train imports neither (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 import jax
 import ml_collections
 
+from c2.eval import pipeline_eval, report
 from c2.train import lm
 from c2.train import metrics as metrics_lib
 from c2.train.config import ConfigError
@@ -99,8 +103,6 @@ def run_stage(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
 def run_pipeline(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     """All stages, then the evaluation and the report; returns the evaluation results."""
-    from c2.eval import pipeline_eval, report
-
     workdir = Path(workdir)
     stages = validate_pipeline(config, workdir)
     primary = jax.process_index() == 0  # every host computes; the first one writes
