@@ -1,4 +1,4 @@
-"""Multi-dimensional grading of one episode (RECIPE.md section 3): correctness (fail-to-pass and
+"""Multi-dimensional grading of one episode (docs/recipe.md §3): correctness (fail-to-pass and
 pass-to-pass results of the hidden tests), code quality (new ruff findings in the changed files),
 efficiency (tokens, tool calls, wall time) and interaction (a final message, invalid tool calls).
 

@@ -1,4 +1,4 @@
-"""Agent episodes on the generation engine, token in / token out (RECIPE §2-3).
+"""Agent episodes on the generation engine, token in / token out (docs/recipe.md §2-3).
 
 `EpisodeRunner.run(requests)` plays many episodes at once against one `Engine` (continuous
 batching) and a thread pool for the tools, the sandbox and grading:

@@ -1,4 +1,4 @@
-"""The RL train step (RECIPE.md s2): router-replayed log-probs, rewards, advantages, mismatch
+"""The RL train step (docs/recipe.md §2): router-replayed log-probs, rewards, advantages, mismatch
 filter, policy-gradient loss, gradients accumulated over micro-batches, one Adam update.
 
 The learner is algorithm-blind beyond `ObjectiveConfig`: every choice is a function of
