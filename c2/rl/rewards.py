@@ -1,4 +1,5 @@
-"""An episode's reward terms and effort counts, from its grade and its token stream (docs/recipe.md §2).
+"""An episode's reward terms and effort counts, from its grade and its token stream
+(docs/recipe.md §2).
 
 Terms (raw, unweighted; the trainer weighs and signs them with `combine_rewards`):
   task               1 if the hidden tests pass (fail-to-pass and pass-to-pass, no sandbox limit)

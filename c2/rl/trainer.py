@@ -1,5 +1,5 @@
-"""The RL stage (docs/recipe.md §2), synchronous: each step plays a batch of episodes with the current
-weights, then takes one optimiser step on them.
+"""The RL stage (docs/recipe.md §2), synchronous: each step plays a batch of episodes with the
+current weights, then takes one optimiser step on them.
 
     python -m c2.main --config=experiments/rl_tiny.py --workdir=DIR [--config.init_from=SFT_DIR]
 
