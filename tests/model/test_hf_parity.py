@@ -147,6 +147,25 @@ def test_param_dtype_follows_the_checkpoint(hf_model, tmp_path):
     assert cfg32.param_dtype == "float32" and params32["embed"].dtype == jnp.float32
 
 
+def test_greedy_generation_with_default_load_matches_transformers(hf_model, tmp_path):
+    """What a new user does: save with transformers, load with the defaults, decode greedily. The
+    tokens are transformers' greedy choices and the recorded logprobs its log-softmax."""
+    from c2.infer import generate
+
+    model = hf_model("qwen3_moe")
+    model.save_pretrained(tmp_path)
+    cfg, params = hf.load_hf_checkpoint(tmp_path)
+    prompts = [TOKENS[0, :8].tolist(), TOKENS[1, :5].tolist()]
+    for prompt, comp in zip(prompts, generate(params, cfg, prompts, 6)):
+        seq = np.concatenate([prompt, comp.tokens])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.as_tensor(seq[None])).logits[0].double(), -1)
+        logp = logp.numpy()[len(prompt) - 1 : -1]
+        np.testing.assert_array_equal(comp.tokens, logp.argmax(-1))
+        chosen = np.take_along_axis(logp, comp.tokens[:, None], -1)[:, 0]
+        np.testing.assert_allclose(comp.logprobs, chosen, atol=1e-5)
+
+
 def test_compute_dtype_follows_config_json_unless_asked(hf_model, tmp_path):
     """config.json's dtype sets ModelConfig.dtype; `compute_dtype=` overrides it."""
     model = hf_model("qwen3_moe")
