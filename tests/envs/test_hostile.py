@@ -38,7 +38,7 @@ def test_process_flood_is_capped_and_reaped(sandbox, workspace):
         f"bomb() {{ bomb | bomb & }}; bomb; sleep 3 # {marker}", workspace, limits=limits
     )
     if sandbox.isolation.cgroups is not None:
-        assert "processes" in r.limits_hit
+        assert "processes" in r.limits_hit, sandbox.isolation.describe()
     assert not _with_marker(marker)  # every process of the flood is gone
     assert sandbox.run("echo alive", workspace).stdout == "alive\n"  # the harness still works
 
@@ -49,7 +49,8 @@ def test_memory_hog_is_killed(sandbox, workspace):
                     limits=limits)  # fmt: skip
     assert "allocated" not in r.stdout and r.exit_code != 0
     if sandbox.isolation.cgroups is not None:
-        assert r.limit == "memory" and r.memory_peak_mb <= 96 + 1
+        backend = sandbox.isolation.describe()
+        assert r.limit == "memory" and r.memory_peak_mb <= 96 + 1, backend
 
 
 def test_infinite_loop_stops_at_the_deadline(sandbox, workspace):
@@ -279,7 +280,7 @@ def test_hostile_episode_is_graded_as_failure_with_reason(sandbox, tmp_path):
     hit = set(g.interaction["sandbox_limits_hit"])
     assert {"output", "wall_time"} <= hit
     if sandbox.isolation.cgroups is not None:
-        assert {"memory", "processes"} <= hit
+        assert {"memory", "processes"} <= hit, sandbox.isolation.describe()
     assert g.failure_reason.startswith("sandbox limits hit during the episode: ")
     assert all(x in g.failure_reason for x in hit)
     assert not _with_marker("sleep 600")
