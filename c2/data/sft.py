@@ -258,12 +258,20 @@ def load_sft_jsonl(
 # the train split's templates for training, the eval split's for held-out batches.
 FUNCTIONS_SEED = 0
 FUNCTIONS_COUNTS = {"train": 4000, "heldout": 256}
+BASIC_COUNTS = {"train": 156, "eval": 78}  # every distinct instruction of the basic level
 
 
-def function_task_conversations(split: str = "train") -> list[dict]:
+def function_task_conversations(split: str = "train", level: str = "full") -> list[dict]:
     """{"messages", "path"} oracle conversations of generated function tasks: split "train" ->
-    the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox."""
+    the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox.
+    level "basic": every distinct task of that level (it has fewer than the full counts)."""
     from c2.envs import functions  # the environments package, only for this spec
+
+    if level == "basic":
+        s = "eval" if split in ("heldout", "eval") else "train"
+        n = BASIC_COUNTS[s]
+        tasks = functions.function_tasks(n, FUNCTIONS_SEED, s, level)
+        return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
 
     split = "heldout" if split == "eval" else split
     if split not in FUNCTIONS_COUNTS:
@@ -290,8 +298,8 @@ def load_sft_examples(
         return spec
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
-    if spec == "functions":
-        return function_task_conversations(split)
+    if spec in ("functions", "functions:full", "functions:basic"):
+        return function_task_conversations(split, spec.partition(":")[2] or "full")
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(

@@ -43,6 +43,10 @@ from c2.envs.episode import compact_system_prompt
 from c2.envs.tasks import Task, write_task
 
 SPLITS = ("train", "eval")
+# "full": every operation, named and placed as the template says; "basic": f(n) in f.py, only
+# n + c, n - c, n * c (26 answers): what a few-minute byte-level model learns to read.
+LEVELS = ("full", "basic")
+BASIC_OPS = ("add", "sub", "mul")
 TEST_TIMEOUT_S = 10
 
 
@@ -170,14 +174,21 @@ def _tests_source(module: str, function: str, calls: list[tuple[object, object]]
     return "\n".join(lines[:-2]) + "\n"
 
 
-def draw_task(seed: int, split: str, index: int, rng: random.Random) -> FunctionTask:
+def draw_task(
+    seed: int, split: str, index: int, rng: random.Random, level: str = "full"
+) -> FunctionTask:
     """One task from `rng` (the caller owns the stream; see function_tasks)."""
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r}: expected one of {LEVELS}")
     template = rng.choice(templates(split))
-    op_name = rng.choice(sorted(OPS))
+    op_name = rng.choice(BASIC_OPS if level == "basic" else sorted(OPS))
     op = OPS[op_name]
     c = rng.choice(op.consts) if op.consts is not None else None
-    arg = rng.choice(INT_ARGS if op.kind == "int" else STR_ARGS)
-    f = _function_name(template, op, c, rng)
+    if level == "basic":  # one function name, file and argument: only the operation varies
+        arg, f = "n", "f"
+    else:
+        arg = rng.choice(INT_ARGS if op.kind == "int" else STR_ARGS)
+        f = _function_name(template, op, c, rng)
     file = f"{f}.py"
     code = op.code.format(a=arg, c=c)
     spec = code if template.spelling == "code" else op.words.format(a=arg, c=c)
@@ -190,7 +201,7 @@ def draw_task(seed: int, split: str, index: int, rng: random.Random) -> Function
     calls = [(x, namespace[f](x)) for x in xs]
     test_file = f"test_{module}.py"
     tests = {test_file: _tests_source(module, f, calls)}
-    task_id = f"fn-{split}-s{seed}-{index:05d}"
+    task_id = f"{'fnb' if level == 'basic' else 'fn'}-{split}-s{seed}-{index:05d}"
     metadata = {
         "task_id": task_id,
         "source": "functions",
@@ -202,6 +213,7 @@ def draw_task(seed: int, split: str, index: int, rng: random.Random) -> Function
         "file": file,
         "arg": arg,
         "difficulty": 1,
+        "level": level,
         "seed": seed,
         "index": index,
         "fail_to_pass": [f"tests/{test_file}::test_basic", f"tests/{test_file}::test_more"],
@@ -213,15 +225,16 @@ def draw_task(seed: int, split: str, index: int, rng: random.Random) -> Function
     return FunctionTask(task_id, instruction, f, file, source, tests, metadata)
 
 
-def function_tasks(n: int, seed: int, split: str) -> list[FunctionTask]:
-    """Tasks 0..n-1 of the (seed, split) stream, in memory (no files, no sandbox); no two share
-    an instruction; none is longer than MAX_INSTRUCTION_CHARS or MAX_EPISODE_BYTES."""
+def function_tasks(n: int, seed: int, split: str, level: str = "full") -> list[FunctionTask]:
+    """Tasks 0..n-1 of the (seed, split, level) stream, in memory (no files, no sandbox); no two
+    share an instruction; none is longer than MAX_INSTRUCTION_CHARS or MAX_EPISODE_BYTES."""
     templates(split)  # validates split
     out, seen = [], set()
     for i in range(n):
-        rng = random.Random(f"functions:{seed}:{split}:{i}")
+        stream = f"functions:{seed}:{split}:{i}"
+        rng = random.Random(stream if level == "full" else f"{stream}:{level}")
         for _ in range(1000):
-            t = draw_task(seed, split, i, rng)
+            t = draw_task(seed, split, i, rng, level)
             short = len(t.instruction) <= MAX_INSTRUCTION_CHARS
             if short and t.instruction not in seen and episode_bytes(t) <= MAX_EPISODE_BYTES:
                 break
@@ -243,10 +256,12 @@ def write_function_task(out_dir: str | Path, t: FunctionTask) -> Task:
     )
 
 
-def generate_function_tasks(out_dir: str | Path, n: int, seed: int, split: str) -> list[Task]:
-    """Write tasks 0..n-1 of the (seed, split) stream under out_dir/<task_id>/."""
+def generate_function_tasks(
+    out_dir: str | Path, n: int, seed: int, split: str, level: str = "full"
+) -> list[Task]:
+    """Write tasks 0..n-1 of the (seed, split, level) stream under out_dir/<task_id>/."""
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return [write_function_task(out_dir, t) for t in function_tasks(n, seed, split)]
+    return [write_function_task(out_dir, t) for t in function_tasks(n, seed, split, level)]
 
 
 # ---------------------------------------------------------------------- the oracle
@@ -319,10 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split", choices=SPLITS, default="train")
+    parser.add_argument("--level", choices=LEVELS, default="full")
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error(f"--n {args.n}: expected n >= 1")
-    tasks = generate_function_tasks(args.out, args.n, args.seed, args.split)
+    tasks = generate_function_tasks(args.out, args.n, args.seed, args.split, args.level)
     for t in tasks:
         print(f"{t.task_id}\t{t.metadata['template']}\t{t.instruction.strip()}")
     print(

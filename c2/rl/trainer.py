@@ -69,22 +69,28 @@ def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) ->
     steps keeps the order): "functions" generates tasks 0..n-1 of (seed, split) into
     workdir/tasks/<split> (each task is its own seeded draw: index order is the order); a
     directory gives all its tasks in a seeded hash order."""
-    if spec == "functions":
-        from c2.envs.functions import generate_function_tasks
+    if spec.partition(":")[0] == "functions":
+        from c2.envs.functions import LEVELS, generate_function_tasks
 
+        level = spec.partition(":")[2] or "full"
+        if level not in LEVELS:
+            raise ConfigError(f"config.rl.tasks={spec!r}: level {level!r} is not one of {LEVELS}")
         out = workdir / "tasks" / split
         done = out / "done.json"
-        if done.is_file() and json.loads(done.read_text()) == {"n": n, "seed": seed}:
+        want = {"n": n, "seed": seed, "level": level}
+        if done.is_file() and json.loads(done.read_text()) == want:
             return load_tasks(out)
         if out.exists():  # another size, or half-written by a crash: make it again
             shutil.rmtree(out)
         out.mkdir(parents=True)
-        tasks = generate_function_tasks(out, n, seed, split)
-        done.write_text(json.dumps({"n": n, "seed": seed}))
+        tasks = generate_function_tasks(out, n, seed, split, level)
+        done.write_text(json.dumps(want))
         return tasks
     path = Path(spec)
     if not path.is_dir():
-        raise ConfigError(f"config.rl.tasks={spec!r}: expected 'functions' or a task directory")
+        raise ConfigError(
+            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic]' or a task directory"
+        )
     tasks = load_tasks(path)
     key = lambda t: hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()  # noqa: E731
     return sorted(tasks, key=key)

@@ -58,6 +58,24 @@ def test_splits_are_disjoint_by_template_and_text():
     assert {t.metadata["template"] for t in ev} == {t.name for t in held}
 
 
+def test_basic_level_varies_only_the_operation(tmp_path, sandbox):
+    """The basic level: f(n) in f.py, n + c / n - c / n * c only; every distinct instruction of
+    a split (and no more) is drawn; splits share no sentence frame; the oracle passes."""
+    tr = fn.function_tasks(156, 0, "train", "basic")
+    ev = fn.function_tasks(78, 0, "eval", "basic")
+    for tasks in (tr, ev):
+        assert {(t.function, t.file, t.metadata["arg"]) for t in tasks} == {("f", "f.py", "n")}
+        assert {t.metadata["op"] for t in tasks} == set(fn.BASIC_OPS)
+        assert all(t.metadata["level"] == "basic" and t.task_id.startswith("fnb-") for t in tasks)
+    assert {t.instruction for t in tr}.isdisjoint({t.instruction for t in ev})
+    with pytest.raises(RuntimeError, match="exhausted after 156"):
+        fn.function_tasks(157, 0, "train", "basic")
+    assert fn.function_tasks(20, 0, "train") != fn.function_tasks(20, 0, "train", "basic")
+    for task in fn.generate_function_tasks(tmp_path / "b", 3, 0, "eval", "basic"):
+        ep = run_episode(task, ScriptedPolicy(fn.oracle_replies(task)), sandbox, tmp_path / "e")
+        assert grade(task, ep.workspace, sandbox, ep).passed, task.instruction
+
+
 def test_instructions_and_episodes_are_short():
     chat = AgentChat(ByteTokenizer())
     tasks = fn.function_tasks(400, 1, "train") + fn.function_tasks(200, 1, "eval")
