@@ -258,13 +258,13 @@ def load_sft_jsonl(
 # the train split's templates for training, the eval split's for held-out batches.
 FUNCTIONS_SEED = 0
 FUNCTIONS_COUNTS = {"train": 4000, "heldout": 256}
-BASIC_COUNTS = {"train": 156, "eval": 78}  # every distinct instruction of the basic level
+BASIC_COUNTS = {"train": 720, "eval": 360}  # every distinct basic task of each split
 
 
 def function_task_conversations(split: str = "train", level: str = "full") -> list[dict]:
     """{"messages", "path"} oracle conversations of generated function tasks: split "train" ->
     the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox.
-    level "basic": every distinct task of that level (it has fewer than the full counts)."""
+    level "basic": the basic level's tasks (c2/envs/functions.py)."""
     from c2.envs import functions  # the environments package, only for this spec
 
     if level == "basic":

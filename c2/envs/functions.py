@@ -43,10 +43,15 @@ from c2.envs.episode import compact_system_prompt
 from c2.envs.tasks import Task, write_task
 
 SPLITS = ("train", "eval")
-# "full": every operation, named and placed as the template says; "basic": f(n) in f.py, only
-# n + c, n - c, n * c (26 answers): what a few-minute byte-level model learns to read.
+# "full": every operation, named and placed as the template says. "basic": f(n) in f.py, only
+# n + c, n - c, n * c with c in {2, 3} (6 answers), under a ticket tag that only makes prompts
+# distinct: a byte-level model that has not learnt to read the instruction passes by chance
+# (~1/6), so RL has a signal to teach reading from.
 LEVELS = ("full", "basic")
 BASIC_OPS = ("add", "sub", "mul")
+BASIC_CONSTS = (2, 3)
+BASIC_TAGS = ("api", "cli", "db", "ui", "docs", "auth", "cache", "core", "io", "net", "ops",
+              "perf", "sync", "test", "web", "jobs", "mail", "log", "pay", "search")  # fmt: skip
 TEST_TIMEOUT_S = 10
 
 
@@ -185,7 +190,7 @@ def draw_task(
     op = OPS[op_name]
     c = rng.choice(op.consts) if op.consts is not None else None
     if level == "basic":  # one function name, file and argument: only the operation varies
-        arg, f = "n", "f"
+        arg, f, c = "n", "f", rng.choice(BASIC_CONSTS)
     else:
         arg = rng.choice(INT_ARGS if op.kind == "int" else STR_ARGS)
         f = _function_name(template, op, c, rng)
@@ -193,6 +198,8 @@ def draw_task(
     code = op.code.format(a=arg, c=c)
     spec = code if template.spelling == "code" else op.words.format(a=arg, c=c)
     instruction = template.frame.format(f=f, a=arg, file=file, spec=spec)
+    if level == "basic":
+        instruction = f"[{rng.choice(BASIC_TAGS)}] {instruction}"
     source = f"def {f}({arg}):\n    return {code}\n"
     module = file.removesuffix(".py")
     namespace: dict = {}

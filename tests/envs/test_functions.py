@@ -59,18 +59,22 @@ def test_splits_are_disjoint_by_template_and_text():
 
 
 def test_basic_level_varies_only_the_operation(tmp_path, sandbox):
-    """The basic level: f(n) in f.py, n + c / n - c / n * c only; every distinct instruction of
-    a split (and no more) is drawn; splits share no sentence frame; the oracle passes."""
-    tr = fn.function_tasks(156, 0, "train", "basic")
-    ev = fn.function_tasks(78, 0, "eval", "basic")
+    """The basic level: f(n) in f.py, n + c / n - c / n * c with c in {2, 3} (6 answers) under a
+    ticket tag; every distinct instruction of a split (and no more) is drawn; the splits share no
+    sentence frame; the oracle passes."""
+    tr = fn.function_tasks(720, 0, "train", "basic")
+    ev = fn.function_tasks(360, 0, "eval", "basic")
     for tasks in (tr, ev):
         assert {(t.function, t.file, t.metadata["arg"]) for t in tasks} == {("f", "f.py", "n")}
-        assert {t.metadata["op"] for t in tasks} == set(fn.BASIC_OPS)
+        answers = {(t.metadata["op"], t.metadata["const"]) for t in tasks}
+        assert answers == {(op, c) for op in fn.BASIC_OPS for c in fn.BASIC_CONSTS}
         assert all(t.metadata["level"] == "basic" and t.task_id.startswith("fnb-") for t in tasks)
+        assert all(re.match(r"^\[[a-z]+\] ", t.instruction) for t in tasks)
     assert {t.instruction for t in tr}.isdisjoint({t.instruction for t in ev})
-    with pytest.raises(RuntimeError, match="exhausted after 156"):
-        fn.function_tasks(157, 0, "train", "basic")
-    assert fn.function_tasks(20, 0, "train") != fn.function_tasks(20, 0, "train", "basic")
+    untagged = [{t.instruction.split("] ", 1)[1] for t in x} for x in (tr, ev)]
+    assert untagged[0].isdisjoint(untagged[1])  # held-out sentence frames, never trained on
+    with pytest.raises(RuntimeError, match="exhausted after 720"):
+        fn.function_tasks(721, 0, "train", "basic")
     for task in fn.generate_function_tasks(tmp_path / "b", 3, 0, "eval", "basic"):
         ep = run_episode(task, ScriptedPolicy(fn.oracle_replies(task)), sandbox, tmp_path / "e")
         assert grade(task, ep.workspace, sandbox, ep).passed, task.instruction
