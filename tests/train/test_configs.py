@@ -44,8 +44,13 @@ def test_pipeline_steps_follow_the_top_level_fields():
     config.train.steps = 80
     config.train.checkpoint_every = 40
     stages = validate_pipeline(config, Path("/tmp/unused"), num_devices=1)
-    assert [s.train.steps for s in stages.values()] == [80, 6, 16]
-    assert {s.train.checkpoint_every for s in stages.values()} == {40}
+    assert [s.train.steps for s in stages.values()] == [80, 6, 16, 300, 36]
+    assert [s.train.checkpoint_every for s in stages.values()] == [40, 40, 40, 40, 6]
+    assert stages["sft_agent"].init_from == "/tmp/unused/sft"
+    assert stages["rl"].init_from == "/tmp/unused/sft_agent"
+    # the agent SFT and RL stages keep the model the stages before them trained
+    assert stages["rl"].model.yarn.to_dict() == stages["sft"].model.yarn.to_dict()
+    assert stages["sft_agent"].model.yarn.to_dict() == stages["sft"].model.yarn.to_dict()
     assert stages["long_context"].init_from == "/tmp/unused/cpt"
     assert stages["sft"].init_from == "/tmp/unused/long_context"
     # the extension is 8x stage 1's length, with YaRN over stage 1's positions
