@@ -1,24 +1,33 @@
-"""THE MAIN JOB (the README's `make run`): the whole continued-pretraining recipe, tiny, on CPU.
+"""THE MAIN JOB (the README's `make run`): the whole recipe, tiny, on CPU: continued pretraining,
+long-context extension, SFT, agent SFT, then RL on agent episodes in the sandbox.
 
 Stage 1 continued pretraining on the Python standard library (experiments/cpt_tiny.py), then the
 YaRN long-context extension to 8x the length (long_context_tiny.py), then targeted SFT
-(sft_tiny.py), each starting from the previous stage's checkpoint; then the evaluation (held-out
-bits per byte at 128 and 1024 tokens before and after the extension, SFT response bits per byte,
-MTP acceptance) and a report: DIR/report.md with PNG plots, DIR/eval.json, DIR/metrics.jsonl
-(every stage's steps, counted across stages). Rerunning on the same DIR resumes where it stopped.
+(sft_tiny.py), then agent SFT on oracle tool-calling episodes (sft_agent_tiny.py), then the RL
+stage (rl_tiny.py: episodes on the engine, graded by hidden tests, the recipe's objective), each
+starting from the previous stage's checkpoint; then the evaluation (held-out bits per byte at 128
+and 1024 tokens before and after the extension, SFT response bits per byte, MTP acceptance) and a
+report: DIR/report.md with PNG plots (the RL stage's reward terms, KL, mismatch quantiles,
+throughput, held-out pass@1 and best-of-K), DIR/eval.json, DIR/metrics.jsonl (every stage's
+steps, counted across stages). Rerunning on the same DIR resumes where it stopped.
 
 Command:
     python -m c2.main --config=experiments/pipeline_tiny.py --workdir=runs/main
-Runtime: 13 minutes measured on the 2-core reference machine while five other jobs shared its
-cores (stage 1 7.4, extension 2.3, SFT 2.6, evaluation 0.8); less when it runs alone.
+Runtime: the first three stages took 13 minutes measured on the 2-core reference machine while
+five other jobs shared its cores (stage 1 7.4, extension 2.3, SFT 2.6, evaluation 0.8); agent
+SFT adds about 6 and RL about 9 (36 steps of 32 episodes at ~11 s, two held-out evaluations of
+200 episodes at ~1 minute), measured stage by stage, not yet as one job: about 30 minutes.
 Expected: (measured) held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens
 4.2 before the extension -> 3.2 after it (3.7 with YaRN but no extension training); SFT response
-bits per byte 2.9 -> 2.8; MTP acceptance ~0.7.
+bits per byte 2.9 -> 2.8; MTP acceptance ~0.7. Agent SFT learns the tool-call format but not to
+read the instruction (held-out pass@1 at chance, ~0.19); see BENCHMARKS.md ("RL stage") for
+what RL does from there.
 
 `config.train.steps` sets stage 1's steps; the extension gets 1/12 and SFT 1/5 of them;
-`config.train.checkpoint_every` applies to every stage; `config.init_from` is stage 1's start
-("" fresh, a workdir, or "hf:DIR"). The arg `quick` (`--config=experiments/pipeline_tiny.py:quick`)
-is a two-minute smoke run of the same job with a smaller model and a few steps per stage.
+`config.train.checkpoint_every` applies to every stage but RL (which checkpoints every 6 steps);
+`config.init_from` is stage 1's start ("" fresh, a workdir, or "hf:DIR"). The arg `quick`
+(`--config=experiments/pipeline_tiny.py:quick`) is a smoke run of the same job with a smaller
+model and a few steps per stage, RL included.
 """
 
 from pathlib import Path
