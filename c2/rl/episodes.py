@@ -181,7 +181,10 @@ class EpisodeRunner:
     def _start(self, req: EpisodeRequest) -> _Live:
         task, c = req.task, self.config
         episode_id = f"{req.group_id}-{req.sample_index}"
-        workspace = task.materialize(self.workdir / episode_id)
+        stale = self.workdir / episode_id
+        if stale.exists():  # left by a run killed mid-episode: this episode is played again
+            shutil.rmtree(stale)
+        workspace = task.materialize(stale)
         self.sandbox.give_workspace(workspace)
         limits = SandboxLimits(timeout_s=c.run_timeout_s)
         tools = Tools(

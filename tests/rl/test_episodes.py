@@ -221,7 +221,10 @@ def test_rollout_records_round_trip(tmp_path, chat, sandbox):
         {bytes(prompt): [chat.reply(r) for r in _oracle_replies()]}, im_end=chat.im_end
     )
     runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep")
+    (tmp_path / "ep" / "g0-1").mkdir(parents=True)  # a workspace left by a killed run
+    (tmp_path / "ep" / "g0-1" / "f.py").write_text("stale\n")
     samples = runner.run([EpisodeRequest(task, "p0", "g0", i) for i in range(2)])
+    assert samples[1].passed and not (tmp_path / "ep" / "g0-1").exists()
     samples[0].trained_step, samples[0].reward = 3, 1.25
     path = write_rollouts(tmp_path / "rollouts", "step_000003", samples)
     records = read_rollouts(path)
