@@ -296,7 +296,7 @@ class EpisodeRunner:
                 loss_mask=np.zeros(n, np.uint8),
                 logprobs=np.zeros(n, np.float32),
                 versions=np.full(n, -1, np.int32),
-                routing=np.zeros((n, cfg.n_moe_layers, cfg.n_experts_per_token), np.uint8),
+                routing=_distinct_experts(n, cfg),
             )
         else:
             traj_fields = dict(
@@ -340,3 +340,11 @@ class EpisodeRunner:
                 "sandbox_limits_hit": record.interaction["sandbox_limits_hit"],
             },
         )
+
+
+def _distinct_experts(n: int, cfg) -> np.ndarray:
+    """[n, L_moe, k] routing for ids never fed through the model: experts 0..k-1 (valid and
+    distinct, so a batch can replay them; no loss falls on these ids)."""
+    dtype = np.uint8 if cfg.n_experts <= 256 else np.uint16
+    shape = (n, cfg.n_moe_layers, cfg.n_experts_per_token)
+    return np.broadcast_to(np.arange(cfg.n_experts_per_token, dtype=dtype), shape).copy()

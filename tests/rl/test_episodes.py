@@ -297,3 +297,18 @@ def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
         assert s.routing.shape == (len(s.tokens), cfg.n_moe_layers, 2)
         assert not s.passed  # a random model does not solve the task
     assert runner.stats["generated_tokens"] == sum(s.generated_tokens for s in samples)
+
+
+def test_a_prompt_longer_than_the_context_is_a_failed_empty_sample(tmp_path, chat, sandbox):
+    """Refused before the engine sees it: no generated ids, failed, and still batchable (its
+    routing is valid) so its group stays complete."""
+    from c2.rl.batching import make_batch
+
+    task = _task(tmp_path)
+    engine = ScriptedEngine({}, max_len=100, im_end=chat.im_end)
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep")
+    (s,) = runner.run([EpisodeRequest(task, "p0", "g0", 0)])
+    assert s.stop_reason == "prompt_too_long" and not s.passed and s.generated_tokens == 0
+    assert engine.next_rid == 0  # never submitted
+    batch = make_batch([s], batch_size=1, seq_buckets=(512,), cfg=engine.cfg, pad_id=256)
+    assert batch["target_mask"].sum() == 0
