@@ -18,7 +18,7 @@ from c2 import sharding
 from c2.rl.episodes import RolloutConfig
 from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
 from c2.train import lm
-from c2.train.config import ConfigError, check_structure, stage_defaults
+from c2.train.config import ConfigError, check_positive, check_structure, stage_defaults
 
 # Reward terms the environment produces, besides the trainer's "kl" and "length_penalty".
 EPISODE_TERMS = ("task", "style", "communication", "tool_call_penalty")
@@ -136,25 +136,16 @@ def effort_weights(config: ml_collections.ConfigDict) -> EffortWeights:
         raise ConfigError(f"config.rl.effort: {e}") from e
 
 
-def _positive(config, *names, allow_zero=False):
-    for name in names:
-        value = config.rl
-        for part in name.split("."):
-            value = value[part]
-        if value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "> 0"
-            raise ConfigError(f"config.rl.{name}: expected {bound}, got {value!r}")
-
-
 def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_files: bool = True):
     """The whole RL stage check: (mesh sizes, ModelConfig, ObjectiveConfig, RolloutConfig)."""
     check_structure(config, rl_stage_defaults())
     r = config.rl
-    _positive(config, "group_size", "prompts_per_step", "micro_batch_size", "eval.tasks")
-    _positive(config, "eval.samples", "rollout.engine_slots", "rollout.tool_workers")
-    _positive(config, "max_staleness", "eval.every", "rewards.length_k", allow_zero=True)
-    for name in ("style", "communication", "tool_call_penalty", "length_penalty"):
-        _positive(config, f"rewards.{name}", allow_zero=True)
+    positive = ("group_size", "prompts_per_step", "micro_batch_size", "eval.tasks", "eval.samples")
+    positive += ("rollout.engine_slots", "rollout.tool_workers")
+    check_positive(config, *(f"rl.{name}" for name in positive))
+    zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
+    zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
+    check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
     batch = r.prompts_per_step * r.group_size
     if batch % r.micro_batch_size:
         raise ConfigError(
@@ -174,8 +165,6 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.max_staleness={r.max_staleness}: this stage trains on-policy (0); the "
             "asynchronous orchestrator is not built yet"
         )
-    if r.eval.samples < 1:
-        raise ConfigError("config.rl.eval.samples: expected >= 1")
     mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
     batch_devices = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)
     if r.micro_batch_size % batch_devices:

@@ -45,7 +45,7 @@ from c2.train import lm
 from c2.train import metrics as metrics_lib
 from c2.train.checkpoint import Checkpointer
 from c2.train.config import ConfigError, sharding_rules
-from c2.train.loop import Counters, abstract_state, init_key, load_init_params
+from c2.train.loop import Counters, abstract_state, init_key, load_init_params, plot_run
 from c2.train.optimizer import make_optimizer
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         ckpt.close()
     summary = _final_summary(evals, steps)
     (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
-    plot_rl(workdir, config.name)
+    plot_run(workdir, config.name, CURVES)
     return summary
 
 
@@ -355,15 +355,3 @@ def _final_summary(evals: dict[int, dict], steps: int) -> dict:
 
 def _brief(e: dict) -> dict:
     return {k: v for k, v in e.items() if k != "per_task_passes"}
-
-
-def plot_rl(workdir: Path, title: str = "") -> list[Path]:
-    records = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE)
-    out = []
-    for group, keys in CURVES.items():
-        png = metrics_lib.plot_curves(
-            records, keys, workdir / f"{group}.png", title=f"{title} {group}"
-        )
-        if png:
-            out.append(png)
-    return out

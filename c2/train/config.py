@@ -146,7 +146,7 @@ def _check_choice(name: str, value, choices) -> None:
         raise ConfigError(f"config.{name}: {value!r} is not one of {choices}")
 
 
-def _check_positive(config: ml_collections.ConfigDict, *names: str, allow_zero=False) -> None:
+def check_positive(config: ml_collections.ConfigDict, *names: str, allow_zero=False) -> None:
     for name in names:
         value = config
         for part in name.split("."):
@@ -220,7 +220,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
     _check_choice("train.mtp_distill", config.train.mtp_distill, MTP_DISTILL)
     _check_choice("data.kind", config.data.kind, DATA_KINDS)
     _check_choice("model.quant", config.model.quant, QUANT)
-    _check_positive(
+    check_positive(
         config,
         "train.steps",
         "train.checkpoint_every",
@@ -230,7 +230,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         "data.batch_size",
         "data.eval_batches",
     )
-    _check_positive(
+    check_positive(
         config,
         "train.eval_every",
         "train.mtp_weight",

@@ -262,12 +262,12 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
     bar.close()
 
 
-def plot_run(workdir: str | Path, title: str = "") -> list[Path]:
-    """PNG plots of a run's metrics.jsonl beside it (one file per group of curves)."""
+def plot_run(workdir: str | Path, title: str = "", curves: dict = CURVES) -> list[Path]:
+    """PNG plots of a run's metrics.jsonl beside it (one file per group of `curves`)."""
     workdir = Path(workdir)
     records = metrics_lib.read_metrics(workdir / metrics_lib.METRICS_FILE)
     out = []
-    for group, keys in CURVES.items():
+    for group, keys in curves.items():
         png = metrics_lib.plot_curves(
             records, keys, workdir / f"{group}.png", title=f"{title} {group}"
         )
