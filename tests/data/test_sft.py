@@ -207,12 +207,15 @@ def test_sft_packing(byte_tokenizer, check_rows):
 
 def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
     path = tmp_path / "sft.jsonl"
-    rows = [{"prompt": f"Q{i}", "response": f"A{i}", "system": "S"} for i in range(10)]
+    # 40 rows: the split hashes "file:line" and tmp_path varies, so 10 rows at 0.3 would leave the
+    # held-out side empty in ~3% of runs; 40 make that 0.7**40 ~ 1e-6.
+    n = 40
+    rows = [{"prompt": f"Q{i}", "response": f"A{i}", "system": "S"} for i in range(n)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     assert sft.load_sft_jsonl(str(path)) == rows
     train = sft.load_sft_jsonl(str(path), "train", heldout_fraction=0.3)
     heldout = sft.load_sft_jsonl(str(path), "heldout", heldout_fraction=0.3)
-    assert 0 < len(heldout) < 10 and len(train) + len(heldout) == 10
+    assert 0 < len(heldout) < n and len(train) + len(heldout) == n
     assert heldout == [
         r for i, r in enumerate(rows) if corpus_lib.heldout_score(f"{path}:{i + 1}") < 0.3
     ]
@@ -233,7 +236,7 @@ def test_sft_jsonl_and_eval_batches(tmp_path, byte_tokenizer, check_rows):
     for x, y in zip(first, second):
         np.testing.assert_array_equal(x["inputs"], y["inputs"])
     trained = sum(int(b["loss_mask"].sum()) for b in first)
-    assert trained == sum(len(f"A{i}") + 1 for i in range(10))  # response bytes + <|im_end|>
+    assert trained == sum(len(f"A{i}") + 1 for i in range(n))  # response bytes + <|im_end|>
 
     path.write_text('{"prompt": "Q"}\n')
     with pytest.raises(ValueError, match=r"sft.jsonl:1: SFT example needs a string field"):
