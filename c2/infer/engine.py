@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import jax
@@ -333,10 +334,13 @@ class Engine:
         """A row starting at position 0 has no deferred MTP entries."""
         return {"mtp_n": 0} if self.spec.speculative else {}
 
-    def _feed(self, seq: SequenceRecord, tokens: list[int], record: bool = True):
+    def _feed(
+        self, seq: SequenceRecord, tokens: list[int], record: bool = True, reroute: bool = False
+    ):
         """Feed tokens into the sequence's slot in bucketed chunks; returns (next token, logprob)
-        sampled after the last one. Not recording: a rebuild from position 0."""
-        i, out = 0, None
+        sampled after the last one. Not recording: a rebuild from position 0; `reroute` then
+        replaces the recorded routing of the rebuilt tokens (new weights route them anew)."""
+        i, out, rebuilt = 0, None, []
         while i < len(tokens):
             room = self.spec.cache_len - (seq.fed if record else i)
             fits = [b for b in self._buckets if b <= room]
@@ -356,8 +360,12 @@ class Engine:
             )
             if record:
                 seq.add_routing(np.asarray(routing)[:, :n].transpose(1, 0, 2))
+            elif reroute:
+                rebuilt.append(np.asarray(routing)[:, :n].transpose(1, 0, 2))
             i += n
             out = (tok, lp)
+        if reroute:
+            seq.routing = [np.concatenate([seq.empty_routing, *rebuilt])]
         return out
 
     def _apply_update(self) -> None:
@@ -365,14 +373,15 @@ class Engine:
             update, self._pending_update = self._pending_update, None
         if update is None:
             return
+        t0 = time.perf_counter()
         self.params, self.version = update
         self._stats["weight_updates"] += 1
-        if not self.recompute_kv:
-            return
-        for seq in self._slots:
-            if seq is not None and seq.fed:
-                self._set(seq.slot, pos=0, **self._fresh_mtp)
-                self._feed(seq, seq.tokens[: seq.fed], record=False)
+        if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
+            for seq in self._slots:
+                if seq is not None and seq.fed:
+                    self._set(seq.slot, pos=0, **self._fresh_mtp)
+                    self._feed(seq, seq.tokens[: seq.fed], record=False, reroute=True)
+        self._stats["update_pause_s"] += time.perf_counter() - t0
 
     def _admit(self, events: list) -> None:
         for slot in range(len(self._slots)):

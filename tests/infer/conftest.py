@@ -38,11 +38,11 @@ class Model:
         padded[0, : len(tokens)] = tokens
         return np.asarray(self._logits(self.params, padded, None)[2])[0, : len(tokens)]
 
-    def live_routing(self, tokens):
+    def live_routing(self, tokens, params=None):
         """[T, L_moe, k] experts the full forward picks itself."""
         padded = np.zeros((1, MAX_LEN), np.int32)
         padded[0, : len(tokens)] = tokens
-        topk = self._logits(self.params, padded, None)[1]
+        topk = self._logits(self.params if params is None else params, padded, None)[1]
         return np.asarray(topk)[:, 0, : len(tokens)].transpose(1, 0, 2)
 
     def greedy(self, prompt, n, params=None, stop=None):

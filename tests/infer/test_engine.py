@@ -260,7 +260,17 @@ def test_update_weights_mid_flight(kimi, recompute, speculative):
             last = int(np.argmax(logits[0, 0]))
             toks.append(last)
         assert comp.tokens[n_old:].tolist() == toks
+    # The recorded experts of the prompt: under the new weights when the cache was recomputed
+    # (the rebuild re-routes them), under the old ones when it was kept.
+    routing = np.concatenate([comp.prompt_routed_experts, comp.routed_experts])
+    P = len(prompt)
+    live = kimi.live_routing(prompt + comp.tokens.tolist(), params=new if recompute else None)
+    same = np.sort(routing[:P], -1) == np.sort(live[:P], -1)
+    assert same.mean() > 0.99
+    if recompute:  # and the whole sequence is what the new weights route
+        assert np.mean(np.sort(routing, -1) == np.sort(live, -1)) > 0.99
     assert engine.stats["weight_updates"] == 1
+    assert engine.stats["update_pause_s"] > 0
     del rid
 
 
