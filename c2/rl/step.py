@@ -183,8 +183,9 @@ class RLLearner:
         (the argument of reward-weight and learning-rate schedules). ref_params: the frozen RL
         start (needed for a KL term; may be None without one).
         Returns (params, opt_state, metrics: name -> scalar, per_sample: name -> [B]), arrays on
-        device: per_sample holds "reward" (the total), each signed "reward/<term>", "kl" and
-        "advantage".
+        device: per_sample holds "reward" (the total), each signed "reward/<term>", "kl",
+        "advantage" and "mismatch_mean" / "mismatch_max" (|train - behaviour| log-probs over the
+        sample's targets).
         """
         B, _ = self.check_batch(batch)
         terms, effort_counts = self._check_rewards(terms, effort_counts, B)
@@ -478,7 +479,11 @@ class RLLearner:
             metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)
         metrics |= {k: v for k, v in whole.items() if k.startswith(("is_", "frac_"))}
         metrics |= mismatch
+        # Per sample: the mean and largest |train - behaviour| log-prob gap over its targets.
+        gap_BT = jnp.where(mask_BT, jnp.abs(logp_BT - behaviour_BT), 0.0)
+        n_B = jnp.maximum(mask_BT.sum(-1), 1).astype(jnp.float32)
         per_sample = {"reward": total_B, "kl": kl_B, "advantage": adv_B}
+        per_sample |= {"mismatch_mean": gap_BT.sum(-1) / n_B, "mismatch_max": gap_BT.max(-1)}
         for name, value in log.items():
             if name.startswith("weight/"):
                 metrics[name] = value

@@ -263,9 +263,17 @@ def test_policy_gradient_raises_the_rewarded_action(params, learner):
     opt_state = learner.init_opt_state(p)
     seen = [probs(p)]
     for step in range(2):
+        # The per-sample train/behaviour gap the update reports: 0 at step 0 (the behaviour
+        # log-probs are the current policy's), then the mean |logp - behaviour| over targets.
+        gap = np.abs(np.asarray(learner.logprobs(p, batch)) - batch["behaviour_logp"])
+        targets = (batch["target_mask"] > 0) & batch["valid"][:, None]
+        want_gap = np.where(targets, gap, 0).sum(-1) / np.maximum(targets.sum(-1), 1)
         p, opt_state, metrics, per_sample = learner.update(
             p, opt_state, ref, batch, terms, effort, step
         )
+        np.testing.assert_allclose(per_sample["mismatch_mean"], want_gap, atol=1e-6)
+        assert (per_sample["mismatch_max"] >= per_sample["mismatch_mean"]).all()
+        assert (want_gap > 1e-4).any() == (step == 1)
         seen.append(probs(p))
         if step == 0:  # the current policy is the reference: k1 is exactly 0
             np.testing.assert_array_equal(per_sample["kl"], 0.0)
