@@ -18,11 +18,16 @@ Budgets are checked before the engine would refuse: per turn (`max_turn_tokens`)
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
+import contextlib
 import dataclasses
+import hashlib
 import logging
 import shutil
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -49,6 +54,7 @@ STOP_REASONS = (
     "context",  # the engine's context (max_len) could not hold the next observation
     "turn_budget",  # a reply ran out of max_turn_tokens before <|im_end|>
     "prompt_too_long",
+    "rollout_error",  # its tools, grading or the engine raised on every attempt
 )
 
 
@@ -66,13 +72,33 @@ class RolloutConfig:
     top_k: int = 0
     tool_workers: int = 4
     keep_workspaces: bool = False
+    max_attempts: int = 3  # an episode that raises is played again, up to this many times
+    # Simulated test-suite runtime (benchmarks): each task's grading waits scale * U^(-1/alpha)
+    # seconds (Pareto, U drawn from the task id), at most 20 * scale. (0, 0): off.
+    test_latency_pareto: tuple[float, float] = (0.0, 0.0)
 
     def __post_init__(self):
         for k in ("max_turns", "max_tokens", "max_turn_tokens", "max_observation_chars"):
             if getattr(self, k) < 1:
                 raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
-        if self.tool_workers < 1:
-            raise ValueError(f"RolloutConfig.tool_workers={self.tool_workers}: expected >= 1")
+        for k in ("tool_workers", "max_attempts"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
+        scale, alpha = self.test_latency_pareto
+        if scale < 0 or alpha < 0 or (scale > 0) != (alpha > 0):
+            raise ValueError(
+                f"RolloutConfig.test_latency_pareto={self.test_latency_pareto}: expected "
+                "(scale_s > 0, alpha > 0), or (0, 0) for off"
+            )
+
+    def test_latency_s(self, task_id: str) -> float:
+        """The simulated test runtime of a task (0 when off); the same for every episode of it."""
+        scale, alpha = self.test_latency_pareto
+        if not scale:
+            return 0.0
+        digest = hashlib.sha256(task_id.encode()).digest()
+        u = (int.from_bytes(digest[:8], "little") + 1) / 2.0**64  # uniform in (0, 1]
+        return min(scale * u ** (-1.0 / alpha), 20.0 * scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +125,7 @@ class _Live:
     tool_output_tokens: int = 0
     calls_after_submit: int = 0
     t0: float = 0.0
+    dropped: bool = False  # failed and played again: results still pending for it are void
 
 
 class EpisodeRunner:
@@ -126,7 +153,9 @@ class EpisodeRunner:
         self.engine, self.chat, self.sandbox, self.config = engine, chat, sandbox, config
         self.workdir = Path(workdir)
         self.limit = min(config.max_tokens, engine.max_len)
-        self.stats: dict[str, float] = {}
+        self.stats: dict[str, float] = {}  # of the last run / stream
+        self.errors: list[tuple[str, int, str]] = []  # (group, sample, reason), every failure
+        self.counts: Counter = Counter()  # errors by where they happened, episodes given up
 
     # The loop --------------------------------------------------------------------------------
 
@@ -136,51 +165,148 @@ class EpisodeRunner:
         on_sample: Callable[[Sample], None] | None = None,
     ) -> list[Sample]:
         """Plays every request; returns their samples in request order."""
-        pending = list(enumerate(requests))[::-1]
-        live: dict[int, tuple[int, _Live]] = {}  # rid -> (request index, episode)
-        futures: dict[cf.Future, tuple[str, int, _Live]] = {}
+        pending = collections.deque(requests)
+        order = {_key(r): i for i, r in enumerate(requests)}
         done: dict[int, Sample] = {}
+
+        def take(n: int) -> list[EpisodeRequest] | None:
+            if not pending:
+                return None
+            return [pending.popleft() for _ in range(min(n, len(pending)))]
+
+        def finished(sample: Sample) -> None:
+            done[order[(sample.group_id, sample.sample_index)]] = sample
+            if on_sample is not None:
+                on_sample(sample)
+
+        self.stream(take, finished)
+        return [done[i] for i in range(len(requests))]
+
+    def stream(
+        self,
+        take: Callable[[int], list[EpisodeRequest] | None],
+        on_sample: Callable[[Sample], None],
+        *,
+        idle: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Plays episodes as `take(n)` hands them out, until it returns None (no more will come)
+        and none is in flight, or until `stop` is set (episodes in flight are then dropped).
+
+        take(n): up to n requests that may start now ([] when none may start yet). Each finished
+        episode goes to on_sample(sample), from this thread. When nothing can progress (no engine
+        work, no tool or grading result pending, nothing to take) the loop calls idle(), which
+        should block until take may have more (default: sleep 10 ms).
+
+        An episode whose tools, grading or engine step raises is played again from scratch (its
+        workspace cleared) up to `max_attempts` times; after that it becomes a failed, empty
+        sample (stop reason "rollout_error", nothing to train) so its group still completes.
+        The errors are in `self.errors` and counted in `self.stats`.
+        """
+        live: dict[int, _Live] = {}  # engine request id -> episode
+        futures: dict[cf.Future, tuple[str, _Live]] = {}
+        retry: collections.deque[EpisodeRequest] = collections.deque()
+        attempts: Counter = Counter()
         t0 = time.perf_counter()
         gen0 = self.engine.stats.get("generated_tokens", 0)
-        idle_s = 0.0
+        idle_s, episodes, no_more = 0.0, 0, False
+        engine_failures = 0
+
+        def failed(req: EpisodeRequest, where: str, error: BaseException) -> None:
+            """Play `req` again, or give up on it with a failed sample."""
+            reason = f"{where}: {type(error).__name__}: {error}"
+            self.errors.append((req.group_id, req.sample_index, reason))
+            self.counts[f"errors/{where}"] += 1
+            log.warning("episode %s/%d failed (%s)", req.group_id, req.sample_index, reason)
+            attempts[_key(req)] += 1
+            if attempts[_key(req)] < self.config.max_attempts:
+                retry.append(req)
+            else:
+                self.counts["errors/gave_up"] += 1
+                on_sample(self._failed_sample(req, reason))
+
+        def drop(ep: _Live) -> None:
+            """Free an episode's engine slot and workspace (it failed or the run stops)."""
+            ep.dropped = True
+            if ep.rid >= 0 and live.pop(ep.rid, None) is not None:
+                with contextlib.suppress(Exception):
+                    self.engine.release(ep.rid)
+            shutil.rmtree(ep.ep.workspace, ignore_errors=True)
+
         with cf.ThreadPoolExecutor(self.config.tool_workers, thread_name_prefix="tools") as pool:
-            while pending or live or futures:
-                while pending and self.engine.free_slots > 0:
-                    i, req = pending.pop()
-                    started = self._start(req)
+            while not (stop is not None and stop.is_set()):
+                free = self.engine.free_slots
+                starting = [retry.popleft() for _ in range(min(free, len(retry)))]
+                if not no_more and free > len(starting):
+                    more = take(free - len(starting))
+                    no_more = more is None
+                    starting += more or []
+                for req in starting:
+                    try:
+                        started = self._start(req, attempts[_key(req)])
+                    except Exception as e:  # the workspace could not be made
+                        failed(req, "start", e)
+                        continue
+                    episodes += 1
                     if started.rid < 0:  # the prompt does not fit: an empty, failed sample
-                        futures[pool.submit(self._grade, started)] = ("grade", i, started)
+                        futures[pool.submit(self._grade, started)] = ("grade", started)
                     else:
-                        live[started.rid] = (i, started)
+                        live[started.rid] = started
+                if no_more and not (live or futures or retry):
+                    break
+                progressed = False
                 if self.engine.has_work():
-                    for comp in self.engine.step():
-                        i, ep = live[comp.request_id]
-                        self._after_turn(ep, comp, i, pool, futures, live)
+                    progressed = True
+                    try:
+                        completions = self.engine.step()
+                        engine_failures = 0
+                    except Exception as e:  # the engine's state is suspect: replay every episode
+                        engine_failures += 1
+                        if engine_failures > self.config.max_attempts:
+                            raise
+                        for ep in list(live.values()):
+                            drop(ep)
+                            failed(ep.req, "engine", e)
+                        completions = []
+                    for comp in completions:
+                        self._after_turn(live[comp.request_id], comp, pool, futures, live)
                 finished = [f for f in futures if f.done()]
-                if not finished and not self.engine.has_work() and futures:
+                if not finished and not progressed and futures:
                     t_wait = time.perf_counter()
-                    finished, _ = cf.wait(list(futures), return_when=cf.FIRST_COMPLETED)
+                    finished, _ = cf.wait(list(futures), 0.05, return_when=cf.FIRST_COMPLETED)
+                    idle_s += time.perf_counter() - t_wait
+                elif not finished and not progressed and not retry:
+                    t_wait = time.perf_counter()
+                    (idle or _nap)()
                     idle_s += time.perf_counter() - t_wait
                 for f in finished:
-                    kind, i, ep = futures.pop(f)
-                    if kind == "tools":
-                        self._after_tools(ep, f.result(), i, pool, futures, live)
+                    kind, ep = futures.pop(f)
+                    error = None if f.cancelled() else f.exception()
+                    if ep.dropped:
+                        continue
+                    if error is not None:
+                        drop(ep)
+                        failed(ep.req, kind, error)
+                    elif kind == "tools":
+                        self._after_tools(ep, f.result(), pool, futures, live)
                     else:
-                        sample = f.result()
-                        done[i] = sample
-                        if on_sample is not None:
-                            on_sample(sample)
+                        on_sample(f.result())
+            for ep in list(live.values()):  # stopped: nothing in flight is kept
+                drop(ep)
+            for f in futures:
+                f.cancel()
         wall = time.perf_counter() - t0
         gen = self.engine.stats.get("generated_tokens", 0) - gen0
-        self.stats = {"episodes": len(requests), "wall_s": wall, "generated_tokens": gen}
+        self.stats = {"episodes": episodes, "wall_s": wall, "generated_tokens": gen}
         self.stats |= {"engine_idle_s": idle_s, "generated_tokens_per_s": gen / max(wall, 1e-9)}
-        return [done[i] for i in range(len(requests))]
 
     # Steps of one episode -------------------------------------------------------------------
 
-    def _start(self, req: EpisodeRequest) -> _Live:
+    def _start(self, req: EpisodeRequest, attempt: int = 0) -> _Live:
         task, c = req.task, self.config
         episode_id = f"{req.group_id}-{req.sample_index}"
+        if attempt:  # its own workspace: tools of the failed attempt may still be running
+            episode_id += f"-retry{attempt}"
         stale = self.workdir / episode_id
         if stale.exists():  # left by a run killed mid-episode: this episode is played again
             shutil.rmtree(stale)
@@ -212,7 +338,7 @@ class EpisodeRunner:
         )
         return live
 
-    def _after_turn(self, live: _Live, comp: Completion, i, pool, futures, running) -> None:
+    def _after_turn(self, live: _Live, comp: Completion, pool, futures, running) -> None:
         """A reply ended: read its tool calls and run them, or end the episode."""
         ep, ids = live.ep, [int(t) for t in comp.tokens]
         live.turns.append(ids)
@@ -221,7 +347,7 @@ class EpisodeRunner:
         if comp.finish_reason == "length" and (not ids or ids[-1] != self.chat.im_end):
             budget_left = self.limit - self._length(live)
             ep.stop_reason = "max_tokens" if budget_left <= 0 else "turn_budget"
-            self._finish(live, i, pool, futures, running)
+            self._finish(live, pool, futures, running)
             return
         spans, unclosed = self.chat.tool_call_spans(ids)
         calls = [validate_tool_call(s.strip()) for s in spans]
@@ -229,9 +355,9 @@ class EpisodeRunner:
             calls.append(InvalidToolCall("<tool_call>", "unclosed <tool_call>"))
         if not calls:
             ep.final_message, ep.stop_reason = self.chat.reply_text(ids), "final_message"
-            self._finish(live, i, pool, futures, running)
+            self._finish(live, pool, futures, running)
             return
-        futures[pool.submit(self._run_tools, live, calls)] = ("tools", i, live)
+        futures[pool.submit(self._run_tools, live, calls)] = ("tools", live)
 
     def _run_tools(self, live: _Live, calls) -> list[str]:
         """Runs one reply's calls in order (in a pool thread); returns their outputs."""
@@ -251,20 +377,20 @@ class EpisodeRunner:
                 break
         return outputs
 
-    def _after_tools(self, live: _Live, outputs, i, pool, futures, running) -> None:
+    def _after_tools(self, live: _Live, outputs, pool, futures, running) -> None:
         ep, c = live.ep, self.config
         if ep.submitted:
-            self._finish(live, i, pool, futures, running)
+            self._finish(live, pool, futures, running)
             return
         if ep.turns >= c.max_turns:
             ep.stop_reason = "max_turns"
-            self._finish(live, i, pool, futures, running)
+            self._finish(live, pool, futures, running)
             return
         obs = self.chat.observation(outputs)
         room = self.limit - self._length(live) - len(obs)
         if room < 1:
             ep.stop_reason = "context" if self.limit == self.engine.max_len else "max_tokens"
-            self._finish(live, i, pool, futures, running)
+            self._finish(live, pool, futures, running)
             return
         live.tool_output_tokens += len(obs)
         self.engine.extend(live.rid, obs, min(c.max_turn_tokens, room))
@@ -272,15 +398,16 @@ class EpisodeRunner:
     def _length(self, live: _Live) -> int:
         return len(live.prompt) + sum(len(t) for t in live.turns) + live.tool_output_tokens
 
-    def _finish(self, live: _Live, i, pool, futures, running) -> None:
+    def _finish(self, live: _Live, pool, futures, running) -> None:
         """Release the engine slot (the trajectory is complete) and grade in the pool."""
         live.trajectory = self.engine.release(live.rid)
         del running[live.rid]
-        futures[pool.submit(self._grade, live)] = ("grade", i, live)
+        futures[pool.submit(self._grade, live)] = ("grade", live)
 
     def _grade(self, live: _Live) -> Sample:
         ep, req = live.ep, live.req
         ep.sandbox_results = live.tools.sandbox_results
+        time.sleep(self.config.test_latency_s(req.task.task_id))  # simulated test runtime
         ep.wall_s = time.monotonic() - live.t0
         record = grade(req.task, ep.workspace, self.sandbox, episode=ep)
         terms = reward_terms(
@@ -289,15 +416,7 @@ class EpisodeRunner:
         effort = effort_counts(self.chat, live.turns, live.tool_output_tokens, ep.tool_calls)
         traj = live.trajectory
         if traj is None:  # never generated: the prompt alone, nothing to train
-            tokens = np.asarray(live.prompt, np.int32)
-            n, cfg = len(tokens), self.engine.cfg
-            traj_fields = dict(
-                tokens=tokens,
-                loss_mask=np.zeros(n, np.uint8),
-                logprobs=np.zeros(n, np.float32),
-                versions=np.full(n, -1, np.int32),
-                routing=_distinct_experts(n, cfg),
-            )
+            traj_fields = _untrained(live.prompt, self.engine.cfg)
         else:
             traj_fields = dict(
                 tokens=np.asarray(traj.token_ids, np.int32),
@@ -340,6 +459,53 @@ class EpisodeRunner:
                 "sandbox_limits_hit": record.interaction["sandbox_limits_hit"],
             },
         )
+
+    def _failed_sample(self, req: EpisodeRequest, reason: str) -> Sample:
+        """An episode that raised on every attempt: its prompt, nothing to train, reward 0."""
+        prompt = self.chat.prompt(task_system_prompt(req.task), req.task.instruction)
+        c = self.config
+        return Sample(
+            prompt_id=req.prompt_id,
+            group_id=req.group_id,
+            sample_index=req.sample_index,
+            task_id=req.task.task_id,
+            **_untrained(prompt, self.engine.cfg),
+            temperature=float(c.temperature),
+            top_p=float(c.top_p),
+            top_k=int(c.top_k),
+            reward_terms={
+                "task": 0.0,
+                "style": 0.0,
+                "communication": 0.0,
+                "tool_call_penalty": 0.0,
+            },
+            effort=effort_counts(self.chat, [], 0, 0),
+            passed=False,
+            stop_reason="rollout_error",
+            failure_reason=reason,
+            info={"episode_id": f"{req.group_id}-{req.sample_index}", "turns": 0},
+        )
+
+
+def _key(req: EpisodeRequest) -> tuple[str, int]:
+    return req.group_id, req.sample_index
+
+
+def _nap() -> None:
+    time.sleep(0.01)
+
+
+def _untrained(prompt, cfg) -> dict:
+    """Sample fields of ids never generated: the prompt alone, no loss, valid routing."""
+    tokens = np.asarray(prompt, np.int32)
+    n = len(tokens)
+    return dict(
+        tokens=tokens,
+        loss_mask=np.zeros(n, np.uint8),
+        logprobs=np.zeros(n, np.float32),
+        versions=np.full(n, -1, np.int32),
+        routing=_distinct_experts(n, cfg),
+    )
 
 
 def _distinct_experts(n: int, cfg) -> np.ndarray:

@@ -312,3 +312,51 @@ def test_a_prompt_longer_than_the_context_is_a_failed_empty_sample(tmp_path, cha
     assert engine.next_rid == 0  # never submitted
     batch = make_batch([s], batch_size=1, seq_buckets=(512,), cfg=engine.cfg, pad_id=256)
     assert batch["target_mask"].sum() == 0
+
+
+def test_failures_are_played_again_then_given_up(tmp_path, chat, sandbox, monkeypatch):
+    """An engine step that raises replays every episode in flight; grading that raises replays
+    its episode; one that raises on every attempt becomes a failed, untrained sample. Nothing
+    stops the run, no slot or workspace leaks, every error is recorded with its reason."""
+    from c2.rl import episodes
+
+    tasks = [_task(tmp_path, name) for name in ("ok", "flaky", "broken")]
+    scripts = {
+        bytes(chat.prompt(task_system_prompt(t), t.instruction)): [
+            chat.reply(r) for r in _oracle_replies(t.task_id)
+        ]
+        for t in tasks
+    }
+
+    class FailingOnce(ScriptedEngine):
+        calls = 0
+
+        def step(self):
+            FailingOnce.calls += 1
+            if FailingOnce.calls == 2:
+                raise RuntimeError("device lost")
+            return super().step()
+
+    real_grade, graded = episodes.grade, []
+
+    def grade(task, *args, **kwargs):
+        graded.append(task.task_id)
+        if task.task_id == "broken" or (task.task_id == "flaky" and graded.count("flaky") == 1):
+            raise OSError(f"sandbox failure on {task.task_id}")
+        return real_grade(task, *args, **kwargs)
+
+    monkeypatch.setattr(episodes, "grade", grade)
+    engine = FailingOnce(scripts, slots=3, im_end=chat.im_end)
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep", RolloutConfig(max_attempts=3))
+    ok, flaky, broken = runner.run(
+        [EpisodeRequest(t, t.task_id, "g", i) for i, t in enumerate(tasks)]
+    )
+    assert ok.passed and flaky.passed and ok.stop_reason == flaky.stop_reason == "submit"
+    assert broken.stop_reason == "rollout_error" and not broken.passed
+    assert "OSError: sandbox failure on broken" in broken.failure_reason
+    assert broken.generated_tokens == 0 and broken.reward_terms["task"] == 0.0
+    # three attempts each: the engine failure counts as the first one
+    assert graded.count("broken") == 2 and graded.count("flaky") == 2
+    assert runner.counts == {"errors/engine": 3, "errors/grade": 3, "errors/gave_up": 1}
+    assert [r for g, i, r in runner.errors if i == 2][-1].startswith("grade: OSError")
+    assert not engine.seqs and not list((tmp_path / "ep").iterdir())
