@@ -49,7 +49,10 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.prompts_per_step = 4
     r.micro_batch_size = 8
     r.seq_buckets = (256, 512)  # padded lengths (fixed shapes: no recompilation per step)
-    r.max_staleness = 0  # 0: synchronous (on-policy); the asynchronous orchestrator uses > 0
+    # Asynchrony (c2/rl/orchestrator.py): a sample trained by optimiser step s has no token
+    # older than version s - max_staleness; 0 is synchronous, on-policy training.
+    r.max_staleness = 2
+    r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
     r.rollout = ml_collections.ConfigDict()
     r.rollout.engine_slots = 16
     r.rollout.max_turns = 4
@@ -159,11 +162,6 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
         raise ConfigError(
             f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the largest "
             f"sequence bucket {max(buckets)} (config.rl.seq_buckets)"
-        )
-    if r.max_staleness != 0:
-        raise ConfigError(
-            f"config.rl.max_staleness={r.max_staleness}: this stage trains on-policy (0); the "
-            "asynchronous orchestrator is not built yet"
         )
     mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
     batch_devices = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)

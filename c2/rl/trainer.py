@@ -36,7 +36,7 @@ from c2.envs.sandbox import Sandbox
 from c2.envs.tasks import Task, load_tasks
 from c2.infer.engine import Engine
 from c2.rl import config as rl_config
-from c2.rl import evaluation
+from c2.rl import evaluation, orchestrator
 from c2.rl.batching import make_batch, reward_arrays
 from c2.rl.episodes import EpisodeRequest, EpisodeRunner
 from c2.rl.records import Sample, write_rollouts
@@ -179,77 +179,103 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         length_penalty_q=float(r.rewards.length_q),
         schedule=schedule,
     )
-    engine = Engine(
-        _for_engine(params, mesh),
-        cfg,
+    rollouts_dir = workdir / "rollouts"
+    _set_aside_lost_steps(rollouts_dir, start)
+    engine_args = dict(
         max_slots=r.rollout.engine_slots,
         max_len=max(r.seq_buckets),
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         top_k=rollout.top_k,
         stop_tokens=(chat.im_end,),
-        seed=config.train.seed + start,
-        version=start,
+        recompute_kv=r.recompute_kv,
+    )
+    engine = Engine(
+        _for_engine(params, mesh), cfg, seed=config.train.seed + start, version=start, **engine_args
     )
     sandbox = Sandbox()
     runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
+    G, P = r.group_size, r.prompts_per_step
+    rollouts = orchestrator.AsyncRollouts(
+        runner,
+        orchestrator.Scheduler(P, G, r.max_staleness, trained=len(ledger.consumed)),
+        ledger.take(len(order)),
+        lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k),
+        version=start,
+        limit=(steps - start) * P,
+    )
+
+    def evaluate(step: int) -> dict:
+        """Held-out episodes with the weights of `step`, on an engine of their own (training
+        rollouts go on meanwhile)."""
+        frozen = Engine(
+            _for_engine(params, mesh), cfg, seed=config.train.seed, version=step, **engine_args
+        )
+        runner = EpisodeRunner(frozen, chat, sandbox, workdir / "episodes_eval", rollout)
+        return _evaluate(runner, heldout, r.eval.samples, workdir, step)
+
     writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
     evals = _read_evals(workdir, start)
     bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
     try:
         if start == 0 and 0 not in evals:
-            evals[0] = _evaluate(runner, heldout, r.eval.samples, workdir, 0)
+            evals[0] = evaluate(0)
+        rollouts.start()
+        t_prev, seen = time.perf_counter(), rollouts.counters()
         for step in range(start + 1, steps + 1):
+            s = step - 1  # the optimiser step, and the version of the weights it updates
+            groups, waited = rollouts.next_groups(s)
             t0 = time.perf_counter()
-            ids = ledger.take(r.prompts_per_step)
-            requests = [
-                EpisodeRequest(by_id[p], p, f"s{step:06d}-{p}", k)
-                for p in ids
-                for k in range(r.group_size)
-            ]
-            samples = runner.run(requests)
-            gen_stats = dict(runner.stats)
-            t_gen = time.perf_counter() - t0
+            samples = [x for g in groups for x in sorted(g.samples, key=lambda x: x.sample_index)]
+            _check_staleness(samples, s, r.max_staleness)
             batch = make_batch(
                 samples,
-                batch_size=len(requests),
+                batch_size=len(samples),
                 seq_buckets=tuple(r.seq_buckets),
                 cfg=cfg,
                 pad_id=tokenizer.pad_id,
+                group_size=G,
             )
-            terms, effort = reward_arrays(samples, len(requests))
-            t1 = time.perf_counter()
+            terms, effort = reward_arrays(samples, len(samples))
             params, opt_state, step_metrics, per_sample = learner.update(
-                params, opt_state, ref_params, batch, terms, effort, step - 1
+                params, opt_state, ref_params, batch, terms, effort, s
             )
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-            t_train = time.perf_counter() - t1
+            per_sample = jax.device_get(per_sample)
+            rollouts.publish(_for_engine(params, mesh), step)
+            t_train = time.perf_counter() - t0
+            ids = [g.prompt_id for g in groups]
             ledger.mark(ids)
             _score(samples, per_sample, step)
-            write_rollouts(workdir / "rollouts", f"step_{step:06d}", samples)
-            engine.update_weights(_for_engine(params, mesh), step)
+            write_rollouts(rollouts_dir, f"step_{step:06d}", samples)
             T = batch["inputs"].shape[1]
-            counters.tokens += len(requests) * T
-            counters.flops += len(requests) * T * task.flops_per_token
-            counters.device_seconds += (time.perf_counter() - t0) * mesh.devices.size
+            now, counts = time.perf_counter(), rollouts.counters()
+            wall = now - t_prev
+            counters.tokens += len(samples) * T
+            counters.flops += len(samples) * T * task.flops_per_token
+            counters.device_seconds += wall * mesh.devices.size
             record = (
                 step_metrics
                 | _episode_metrics(samples)
+                | orchestrator.staleness_metrics(groups, s, per_sample)
                 | {
-                    "generated_tokens_per_s": gen_stats["generated_tokens_per_s"],
-                    "engine_idle_s": gen_stats["engine_idle_s"],
-                    "rollout_s": t_gen,
+                    "generated_tokens_per_s": (counts["tokens"] - seen["tokens"]) / wall,
+                    "rollout_samples_per_s": (counts["samples"] - seen["samples"]) / wall,
+                    "samples_per_s": len(samples) / wall,
+                    "trainer_idle_frac": waited / wall,
+                    "rollout_errors": float(sum(runner.counts.values())),
                     "train_s": t_train,
-                    "train_tokens_per_s": len(requests) * T / max(t_train, 1e-9),
-                    "step_time_s": time.perf_counter() - t0,
+                    "train_tokens_per_s": len(samples) * T / max(t_train, 1e-9),
+                    "step_time_s": wall,
                     "cum_tokens": counters.tokens,
                     "cum_flops": counters.flops,
                     "cum_device_seconds": counters.device_seconds,
                     "prompts_consumed": len(ledger.consumed),
                 }
             )
+            t_prev, seen = now, counts
             if step == steps or (r.eval.every and step % r.eval.every == 0):
-                evals[step] = _evaluate(runner, heldout, r.eval.samples, workdir, step)
+                evals[step] = evaluate(step)
                 record |= _eval_metrics(evals[step])
             writer.write(step, record)
             bar.set_postfix(
@@ -260,6 +286,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 meta = {"consumed": ledger.consumed, "counters": dataclasses.asdict(counters)}
                 ckpt.save(step, params, opt_state, meta, None, force=True)
     finally:
+        rollouts.close()
         bar.close()
         writer.close()
         ckpt.close()
@@ -267,6 +294,31 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
     plot_run(workdir, config.name, CURVES)
     return summary
+
+
+def _check_staleness(samples: list[Sample], step: int, bound: int) -> None:
+    """The scheduler's guarantee, checked on what is about to be trained."""
+    for x in samples:
+        v = orchestrator.oldest_version(x)
+        if v is not None and step - v > bound:
+            raise RuntimeError(
+                f"sample {x.group_id}/{x.sample_index} has a token of version {v}: staleness "
+                f"{step - v} at optimiser step {step} exceeds config.rl.max_staleness={bound}"
+            )
+
+
+def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
+    """Rollout files of steps after the restored checkpoint describe training a crash undid:
+    move them to rollouts/discarded/ (kept for inspection, out of the committed history)."""
+    lost = [p for p in rollouts_dir.glob("step_*") if int(p.name[5:11]) > start]
+    if not lost:
+        return
+    aside = rollouts_dir / "discarded"
+    aside.mkdir(exist_ok=True)
+    for path in lost:
+        path.replace(aside / path.name)
+    steps = sorted({int(p.name[5:11]) for p in lost})
+    log.info("rollouts of steps %s (after the restored step %d) moved to %s", steps, start, aside)
 
 
 def _for_engine(params, mesh):

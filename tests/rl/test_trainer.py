@@ -28,6 +28,7 @@ def _config(steps):
     r.seq_buckets = (384,)
     r.rollout.max_tokens, r.rollout.max_turn_tokens, r.rollout.engine_slots = 384, 16, 8
     r.eval.tasks, r.eval.samples = 2, 2
+    r.max_staleness = 0
     return c
 
 
