@@ -149,6 +149,11 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
     check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
+    if r.eval.tasks < 2:
+        raise ConfigError(
+            f"config.rl.eval.tasks={r.eval.tasks}: the held-out gain's paired interval needs at "
+            "least 2 tasks"
+        )
     batch = r.prompts_per_step * r.group_size
     if batch % r.micro_batch_size:
         raise ConfigError(

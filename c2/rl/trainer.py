@@ -322,10 +322,11 @@ def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
 
 
 def _for_engine(params, mesh):
-    """The engine's own copy of the weights, on one device (the update donates the trainer's)."""
-    if mesh.devices.size == 1:
-        return jax.tree.map(jnp.copy, params)
-    return jax.device_put(params, jax.devices()[0])
+    """The engine's own copy of the weights, on one device: the update donates the trainer's
+    while the engine is still decoding (a device_put alone may alias the trainer's shard)."""
+    if mesh.devices.size > 1:
+        params = jax.device_put(params, jax.devices()[0])
+    return jax.tree.map(jnp.copy, params)
 
 
 def _score(samples: list[Sample], per_sample: dict, step: int) -> None:

@@ -39,6 +39,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
         ("rl.objective.advantage", "nope", r"config\.rl\.objective: advantage='nope'"),
         ("rl.objective.kl_kind", "k9", r"config\.rl\.objective: kl_kind"),
         ("rl.max_staleness", -1, r"config\.rl\.max_staleness: expected >= 0"),
+        ("rl.eval.tasks", 1, r"config\.rl\.eval\.tasks=1: the held-out gain's paired"),
         ("rl.rewards.style", -1.0, r"config\.rl\.rewards\.style: expected >= 0"),
         ("rl.rollout.temperature", "hot", r"config\.rl\.rollout\.temperature: expected float"),
     ],
