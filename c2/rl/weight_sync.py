@@ -1,0 +1,663 @@
+"""Versioned, delta-compressed, checksummed policy weights through object storage.
+
+The trainer publishes every policy version it wants served; any number of inference workers
+follow the store, with no collective between them. Only the serving dtype (bf16 by default) is
+published: the trainer's float32 masters stay on the trainer, and the bits a worker serves are
+exactly the bits that were published.
+
+    pub = WeightPublisher("s3://bucket/run", full_every=16)      # on the trainer
+    pub.publish(params, version=step)
+    sub = WeightSubscriber("s3://bucket/run")                    # on each worker
+    version, params = sub.fetch()                                # the newest complete version
+    fetcher = sub.follow(engine)            # off-thread polling; the engine only swaps arrays in
+
+Layout of the store (any tensorstore kvstore: a local path or `file://` by default, `s3://` and
+`gs://` when scaled out), versions zero-padded so that keys sort by version:
+
+    blobs/000000000007/<tensor name>     one blob per tensor (its '/'-joined dict path)
+    manifests/000000000007.json          the version's manifest, written last
+    subscribers/<id>.json                {"id", "version"}: what each subscriber holds
+
+A blob is zstd of the tensor's serving-dtype bits, byte planes first (all the first bytes of the
+elements, then all the second bytes...: the high bytes of an XOR delta are nearly all zero). An
+anchor (the first version a publisher writes, then every `full_every`-th) stores the bits
+themselves; a delta stores their XOR with the bits of the version before it (`base_version`).
+Applying a delta is one XOR, and a delta applied twice or out of order cannot pass the check.
+
+The manifest names `version`, `base_version` (null for an anchor), the serving dtype and, per
+tensor, name, shape, dtype, raw byte count, stored byte count, the checksum of the blob and the
+checksum of the tensor's bits at this version (BLAKE2b-128). It is written after every blob, in one
+atomic put, so a reader never sees a half-written version: blobs without a manifest are invisible.
+
+A subscriber reaches version t from the version it holds (h) or from the newest anchor at or
+before t, whichever is nearer: it walks t's chain of bases back until it meets h or an anchor,
+then applies the deltas after it in order, each exactly once. Everything is decoded into new
+arrays and checked before the held weights are replaced, so a bad store (`WeightSyncError`: a
+checksum mismatch, a missing blob or manifest, a delta whose base it cannot reach, a version
+older than the one held, a manifest for another model shape) leaves the held weights as they
+were. `WeightPublisher.prune(keep=)` deletes the versions before the newest anchor that every
+registered subscriber has reached (and that is no newer than the `keep` newest versions).
+
+S3: `s3://bucket/prefix` takes its endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL and its
+region from AWS_REGION or AWS_DEFAULT_REGION (tensorstore reads neither itself); tensorstore
+reads the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_PROFILE).
+GCS: `gs://bucket/prefix` with tensorstore's usual Google credentials. A kvstore spec dict is
+also accepted as the url.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tensorstore as ts
+import zstandard
+
+FORMAT = 1
+CODEC = "byteplanes+zstd"
+MANIFESTS, BLOBS, SUBSCRIBERS = "manifests/", "blobs/", "subscribers/"
+# The model keeps its router (and balancing bias) in float32 whatever the param dtype
+# (c2/model/params.py): published in float32 too, so routing matches the trainer's.
+KEEP_DTYPE = ("router", "router_bias")
+
+Bits = dict[str, np.ndarray]  # tensor name -> its raw bits, an unsigned-int view
+Url = str | os.PathLike | Mapping[str, Any]  # a path, file://, s3://, gs://, or a kvstore spec
+
+
+class WeightSyncError(RuntimeError):
+    """The store cannot give a valid version; `version` and `tensor` name what was wrong."""
+
+    def __init__(self, message: str, *, version: int | None = None, tensor: str | None = None):
+        super().__init__(message)
+        self.version = version
+        self.tensor = tensor
+
+
+# The store ------------------------------------------------------------------------------------
+
+
+def kvstore_spec(url: Url) -> dict:
+    """A tensorstore kvstore spec for a local path, `file://`, `s3://` or `gs://` url."""
+    if isinstance(url, Mapping):
+        return dict(url)
+    url = os.fspath(url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "file", url
+    if scheme == "file":
+        return {"driver": "file", "path": os.path.abspath(rest).rstrip("/") + "/"}
+    if scheme not in ("s3", "gs"):
+        raise ValueError(f"weight store url {url!r}: expected a path, file://, s3:// or gs://")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"weight store url {url!r}: no bucket")
+    spec = {"driver": "s3" if scheme == "s3" else "gcs", "bucket": bucket}
+    if prefix.strip("/"):
+        spec["path"] = prefix.strip("/") + "/"
+    if scheme == "s3":
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if endpoint:
+            spec["endpoint"] = endpoint
+            region = region or "us-east-1"
+        if region:
+            spec["aws_region"] = region
+    return spec
+
+
+class _Store:
+    """The few kvstore operations the publisher and the subscriber need, synchronous."""
+
+    def __init__(self, url: Url):
+        self.url = json.dumps(dict(url)) if isinstance(url, Mapping) else os.fspath(url)
+        self.kv = ts.KvStore.open(kvstore_spec(url)).result()
+
+    def read(self, key: str) -> bytes | None:
+        r = self.kv.read(key).result()
+        return r.value if r.state == "value" else None
+
+    def write(self, key: str, value: bytes) -> ts.Future:
+        return self.kv.write(key, value)
+
+    def list(self, prefix: str) -> list[str]:
+        keys = self.kv.list(_prefix_range(prefix), strip_prefix_length=len(prefix)).result()
+        return sorted(k.decode() for k in keys)
+
+    def delete(self, key: str) -> None:
+        self.kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
+
+    def delete_prefix(self, prefix: str) -> None:
+        self.kv.delete_range(_prefix_range(prefix)).result()
+
+    def versions(self) -> list[int]:
+        """Every version with a manifest (so complete), ascending."""
+        names = (n.removesuffix(".json") for n in self.list(MANIFESTS) if n.endswith(".json"))
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def manifest(self, version: int) -> dict:
+        raw = self.read(_manifest_key(version))
+        if raw is None:
+            raise WeightSyncError(
+                f"version {version}: no manifest in {self.url} (never published, or pruned)",
+                version=version,
+            )
+        try:
+            m = json.loads(raw)
+        except ValueError as e:
+            raise WeightSyncError(
+                f"version {version}: unreadable manifest ({e})", version=version
+            ) from e
+        if m.get("format") != FORMAT or m.get("version") != version:
+            raise WeightSyncError(
+                f"version {version}: manifest of format {m.get('format')} for version "
+                f"{m.get('version')} (expected format {FORMAT}, version {version})",
+                version=version,
+            )
+        return m
+
+
+def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
+    return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
+
+
+def _manifest_key(version: int) -> str:
+    return f"{MANIFESTS}{version:012d}.json"
+
+
+def _blob_prefix(version: int) -> str:
+    return f"{BLOBS}{version:012d}/"
+
+
+# Tensors: names, serving dtype, bits, codec ----------------------------------------------------
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict of arrays -> {'/'-joined path: array}, in sorted key order."""
+    out = {}
+    for key in sorted(tree):
+        if not isinstance(key, str) or "/" in key or not key:
+            raise ValueError(f"params key {prefix}{key!r}: expected a non-empty str without '/'")
+        value = tree[key]
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}/"))
+        elif hasattr(value, "shape") and hasattr(value, "dtype"):
+            out[prefix + key] = value
+        else:
+            raise TypeError(f"params {prefix}{key}: expected an array or a dict, got {value!r}")
+    return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> dict:
+    """The inverse of `flatten`."""
+    tree: dict = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def serving_array(name: str, x, dtype, keep: Iterable[str] = KEEP_DTYPE) -> np.ndarray:
+    """`x` on the host as served: floating tensors cast to `dtype` (on device: half the copy),
+    except those whose last name component is in `keep`."""
+    if jnp.issubdtype(x.dtype, jnp.floating) and name.rsplit("/", 1)[-1] not in keep:
+        x = x.astype(dtype)
+    return np.ascontiguousarray(np.asarray(jax.device_get(x)))
+
+
+def _bits(x: np.ndarray) -> np.ndarray:
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
+def checksum(bits: np.ndarray | bytes) -> str:
+    data = bits if isinstance(bits, bytes) else np.ascontiguousarray(bits).view(np.uint8).data
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def encode(bits: np.ndarray, base: np.ndarray | None, level: int) -> bytes:
+    """zstd of the byte planes of `bits` (XOR `base` for a delta)."""
+    x = bits if base is None else bits ^ base
+    planes = np.ascontiguousarray(x.reshape(-1).view(np.uint8).reshape(-1, x.itemsize).T)
+    return zstandard.ZstdCompressor(level=level).compress(planes.data)
+
+
+def decode(blob: bytes, like: np.ndarray) -> np.ndarray:
+    """The array `encode` stored (still XOR-ed for a delta), shaped and typed as `like`."""
+    raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=like.nbytes)
+    planes = np.frombuffer(raw, np.uint8)
+    if planes.size != like.nbytes:
+        raise ValueError(f"decoded {planes.size} bytes, expected {like.nbytes}")
+    x = planes.reshape(like.itemsize, -1).T.copy().view(like.dtype)  # a new, writable array
+    return x.reshape(like.shape)
+
+
+def _layout(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in manifest["tensors"]}
+
+
+def _describe(layout) -> str:
+    """(shape, dtype) -> 'bfloat16[4, 8]'; a bare shape -> '[4, 8]'."""
+    if layout and isinstance(layout[0], tuple):
+        return f"{layout[1]}{list(layout[0])}"
+    return str(list(layout))
+
+
+def _layout_diff(want: Mapping, got: Mapping) -> tuple[str, str] | None:
+    """(name, description) of the first tensor where two {name: (shape, dtype)} layouts differ."""
+    for name in sorted(set(want) | set(got)):
+        a, b = want.get(name), got.get(name)
+        if a != b:
+            what = lambda s: "absent" if s is None else _describe(s)
+            return name, f"tensor {name!r} is {what(b)}, expected {what(a)}"
+    return None
+
+
+# The publisher ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    version: int
+    base_version: int | None  # None: an anchor
+    stored_bytes: int  # blobs written for this version
+    full_bytes: int  # the model in the serving dtype
+    seconds: float
+
+
+class WeightPublisher:
+    """Writes policy versions to the store (module doc). Options: full_every (an anchor every
+    that many publications; the first is always one), dtype (the serving dtype of floating
+    tensors; those named in `keep_dtype` keep theirs), level (zstd), threads (tensors encoded
+    and written concurrently)."""
+
+    def __init__(
+        self,
+        url: Url,
+        *,
+        full_every: int = 16,
+        dtype: str = "bfloat16",
+        keep_dtype: Iterable[str] = KEEP_DTYPE,
+        level: int = 3,
+        threads: int = 8,
+    ):
+        if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 1:
+            raise ValueError(f"full_every={full_every!r}: expected an int >= 1")
+        self.store = _Store(url)
+        self.full_every = full_every
+        self.dtype = jnp.dtype(dtype)
+        self.keep_dtype = tuple(keep_dtype)
+        self.level = level
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self._prev: Bits | None = None  # the bits of the last version this publisher wrote
+        self._prev_version: int | None = None
+        self._since_anchor = 0
+
+    def publish(self, params: Mapping[str, Any], version: int) -> Published:
+        """Write `params` (cast to the serving dtype) as `version`: blobs, then the manifest."""
+        t0 = time.perf_counter()
+        version = self._check_version(version)
+        arrays = {
+            n: serving_array(n, x, self.dtype, self.keep_dtype) for n, x in flatten(params).items()
+        }
+        bits = {n: _bits(x) for n, x in arrays.items()}
+        anchor = self._prev is None or self._since_anchor + 1 >= self.full_every
+        if not anchor:
+            layout = {n: (x.shape, x.dtype) for n, x in bits.items()}
+            diff = _layout_diff({n: (x.shape, x.dtype) for n, x in self._prev.items()}, layout)
+            if diff:
+                raise WeightSyncError(
+                    f"version {version}: the model changed shape since version "
+                    f"{self._prev_version}: {diff[1]}",
+                    version=version,
+                    tensor=diff[0],
+                )
+        base = None if anchor else self._prev
+        entries = list(self._pool.map(lambda n: self._put(version, n, arrays[n], base), arrays))
+        manifest = {
+            "format": FORMAT,
+            "version": version,
+            "base_version": None if anchor else self._prev_version,
+            "codec": CODEC,
+            "dtype": self.dtype.name,
+            "checksum": "blake2b-128",
+            "created": time.time(),
+            "tensors": entries,
+        }
+        self.store.write(_manifest_key(version), json.dumps(manifest).encode()).result()
+        self._prev, self._prev_version = bits, version
+        self._since_anchor = 0 if anchor else self._since_anchor + 1
+        return Published(
+            version,
+            manifest["base_version"],
+            sum(e["stored_bytes"] for e in entries),
+            sum(e["bytes"] for e in entries),
+            time.perf_counter() - t0,
+        )
+
+    def _check_version(self, version: int) -> int:
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise ValueError(f"version={version!r}: expected an int >= 0")
+        versions = self.store.versions()
+        if versions and version <= versions[-1]:
+            raise WeightSyncError(
+                f"version {version}: the store already holds version {versions[-1]}; versions "
+                "must increase",
+                version=int(version),
+            )
+        return int(version)
+
+    def _put(self, version: int, name: str, array: np.ndarray, base: Bits | None) -> dict:
+        bits = _bits(array)
+        blob = encode(bits, None if base is None else base[name], self.level)
+        self.store.write(_blob_prefix(version) + name, blob).result()
+        return {
+            "name": name,
+            "shape": list(array.shape),
+            "dtype": array.dtype.name,
+            "bytes": array.nbytes,
+            "stored_bytes": len(blob),
+            "blob_checksum": checksum(blob),
+            "checksum": checksum(bits),
+        }
+
+    def prune(self, keep: int = 2) -> list[int]:
+        """Delete the versions before the newest anchor that (a) every registered subscriber
+        holds or has passed and (b) is no newer than the `keep` newest versions; returns them.
+
+        Any subscriber at or after that anchor, and any new one, can still reach every kept
+        version: each kept delta's chain ends at a kept anchor or at a version it holds. A
+        subscriber that stopped without `close()` stays registered and holds versions back.
+        """
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep={keep!r}: expected an int >= 1")
+        versions = self.store.versions()
+        if not versions:
+            return []
+        floor = min([versions[-min(keep, len(versions))], *self.subscribers().values()])
+        anchors = [
+            v for v in versions if v <= floor and self.store.manifest(v)["base_version"] is None
+        ]
+        if not anchors:
+            return []
+        doomed = [v for v in versions if v < anchors[-1]]
+        for v in doomed:  # the manifest first: a reader never sees a version without its blobs
+            self.store.delete(_manifest_key(v))
+            self.store.delete_prefix(_blob_prefix(v))
+        return doomed
+
+    def subscribers(self) -> dict[str, int]:
+        """{subscriber id: the version it holds}, as registered in the store."""
+        out = {}
+        for name in self.store.list(SUBSCRIBERS):
+            raw = self.store.read(SUBSCRIBERS + name)
+            if raw is not None:
+                entry = json.loads(raw)
+                out[entry["id"]] = int(entry["version"])
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+# The subscriber --------------------------------------------------------------------------------
+
+
+class WeightSubscriber:
+    """Reads policy versions from the store (module doc). `fetch` returns the params as a nested
+    dict of jax arrays in the published dtypes (placed with `shardings`, a matching tree, when
+    given; else on the default device). like: a params tree (arrays or ShapeDtypeStructs) whose
+    names and shapes the store must have. register: record the held version under
+    `subscribers/<id>.json` after each fetch, for `WeightPublisher.prune`."""
+
+    def __init__(
+        self,
+        url: Url,
+        *,
+        like: Mapping[str, Any] | None = None,
+        shardings: Any = None,
+        subscriber_id: str | None = None,
+        register: bool = True,
+        threads: int = 8,
+    ):
+        self.store = _Store(url)
+        self.shardings = shardings
+        self.id = subscriber_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.register = register
+        self._shapes = (
+            None if like is None else {n: tuple(x.shape) for n, x in flatten(like).items()}
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads)
+        self._lock = threading.Lock()
+        self.version: int | None = None  # the version held
+        self._held: Bits = {}
+        self._dtypes: dict[str, np.dtype] = {}
+        self._layout: dict | None = None
+        self.last_applied: list[int] = []  # versions whose blobs the last fetch applied, in order
+        self.stats = {"fetches": 0, "versions_applied": 0, "bytes_read": 0, "fetch_s": 0.0}
+
+    def latest_version(self) -> int | None:
+        """The newest complete version in the store, or None."""
+        versions = self.store.versions()
+        return versions[-1] if versions else None
+
+    def fetch(self, version: int | None = None) -> tuple[int, dict]:
+        """(version, params) of `version` (default: the newest complete one)."""
+        with self._lock:
+            t0 = time.perf_counter()
+            target = self._target(version)
+            if target != self.version:
+                self._advance(target)
+                self.stats["fetches"] += 1
+                self.stats["fetch_s"] += time.perf_counter() - t0
+            if self.register:
+                entry = {"id": self.id, "version": self.version, "time": time.time()}
+                key = f"{SUBSCRIBERS}{self.id}.json"
+                self.store.write(key, json.dumps(entry).encode()).result()
+            return self.version, self._params()
+
+    def close(self) -> None:
+        """Unregister (so `prune` no longer keeps versions for this subscriber)."""
+        self.store.delete(f"{SUBSCRIBERS}{self.id}.json")
+        self._pool.shutdown()
+
+    def follow(self, engine, poll_s: float = 1.0) -> BackgroundFetcher:
+        """Start a thread that hands each newer version to `engine.update_weights`."""
+        return BackgroundFetcher(self, engine.update_weights, poll_s=poll_s).start()
+
+    # Internals ------------------------------------------------------------------------------
+
+    def _target(self, version: int | None) -> int:
+        versions = self.store.versions()
+        if not versions:
+            raise WeightSyncError(f"no complete version in {self.store.url}")
+        target = versions[-1] if version is None else int(version)
+        if self.version is not None and target < self.version:
+            raise WeightSyncError(
+                f"version {target} is older than version {self.version}, which this subscriber "
+                "holds",
+                version=target,
+            )
+        if target not in versions and target != self.version:
+            raise WeightSyncError(
+                f"version {target}: not a complete version in {self.store.url} (newest: "
+                f"{versions[-1]})",
+                version=target,
+            )
+        return target
+
+    def _chain(self, target: int) -> list[dict]:
+        """Manifests from the starting point (an anchor, or the version after the held one) to
+        `target`, in the order they are applied."""
+        chain = []
+        in_store = set(self.store.versions())
+        v = target
+        while True:
+            m = self.store.manifest(v)
+            chain.append(m)
+            base = m["base_version"]
+            if base is None or base == self.version:
+                return chain[::-1]
+            if self.version is not None and base < self.version:
+                raise WeightSyncError(
+                    f"version {v}: a delta against version {base}, older than the held "
+                    f"version {self.version}; no anchor reaches it",
+                    version=v,
+                )
+            if base >= v:
+                raise WeightSyncError(f"version {v}: base_version {base} is not older", version=v)
+            if base not in in_store:
+                held = "nothing" if self.version is None else f"version {self.version}"
+                raise WeightSyncError(
+                    f"version {v}: a delta against version {base}, which this subscriber does "
+                    f"not hold (it holds {held}) and the store does not have",
+                    version=v,
+                )
+            v = base
+
+    def _check_layout(self, m: dict) -> None:
+        """The manifest's tensors are the held ones (names, shapes, dtypes), or `like`'s (names,
+        shapes) before the first fetch."""
+        got = _layout(m)
+        want = self._layout
+        if want is None and self._shapes is not None:
+            got = {n: shape for n, (shape, _) in got.items()}
+            want = self._shapes
+        diff = None if want is None else _layout_diff(want, got)
+        if diff:
+            raise WeightSyncError(
+                f"version {m['version']}: the manifest is for another model shape: {diff[1]}",
+                version=m["version"],
+                tensor=diff[0],
+            )
+
+    def _advance(self, target: int) -> None:
+        chain = self._chain(target)
+        for m in chain:
+            self._check_layout(m)
+        bits = dict(self._held) if chain[0]["base_version"] is not None else {}
+        for m in chain:  # each step builds new arrays: the held ones are never written
+            bits = self._apply(m, bits)
+        self._held, self.version, self._layout = bits, target, _layout(chain[-1])
+        self._dtypes = {n: jnp.dtype(dt) for n, (_, dt) in self._layout.items()}
+        self.last_applied = [m["version"] for m in chain]
+        self.stats["versions_applied"] += len(chain)
+
+    def _apply(self, m: dict, base: Bits) -> Bits:
+        tensors = list(self._pool.map(lambda t: self._tensor(m, t, base), m["tensors"]))
+        self.stats["bytes_read"] += sum(t["stored_bytes"] for t in m["tensors"])
+        return {t["name"]: x for t, x in zip(m["tensors"], tensors)}
+
+    def _tensor(self, m: dict, t: dict, base: Bits) -> np.ndarray:
+        """One tensor's bits at version m, from its blob (XOR its bits in `base` for a delta)."""
+        v, name = m["version"], t["name"]
+
+        def fail(what: str) -> WeightSyncError:
+            return WeightSyncError(f"version {v}, tensor {name!r}: {what}", version=v, tensor=name)
+
+        blob = self.store.read(_blob_prefix(v) + name)
+        if blob is None:
+            raise fail(f"blob missing at {_blob_prefix(v) + name}")
+        if checksum(blob) != t["blob_checksum"]:
+            raise fail("checksum mismatch of the stored blob (corrupt or overwritten)")
+        like = np.empty(t["shape"], np.dtype(f"u{jnp.dtype(t['dtype']).itemsize}"))
+        try:
+            x = decode(blob, like)
+        except (zstandard.ZstdError, ValueError) as e:
+            raise fail(f"undecodable blob ({e})") from e
+        if m["base_version"] is not None:
+            x ^= base[name]
+        if checksum(x) != t["checksum"]:
+            raise fail(
+                "checksum mismatch of the decoded bits"
+                + ("" if m["base_version"] is None else f" (delta on version {m['base_version']})")
+            )
+        return x
+
+    def _params(self) -> dict:
+        arrays = {n: x.view(self._dtypes[n]) for n, x in self._held.items()}
+        tree = unflatten(arrays)
+        if self.shardings is None:
+            return jax.device_put(tree)
+        return jax.device_put(tree, self.shardings)
+
+
+# Off the engine's critical path ---------------------------------------------------------------
+
+
+class BackgroundFetcher:
+    """A daemon thread that polls the store and, for each newer version, fetches and decodes it
+    off-thread, then calls `update(params, version)` (e.g. `Engine.update_weights`, which only
+    swaps the arrays in at its next step). A failed fetch is kept in `errors` and retried at the
+    next poll; the held weights stay valid."""
+
+    def __init__(
+        self,
+        subscriber: WeightSubscriber,
+        update: Callable[[dict, int], None],
+        *,
+        poll_s: float = 1.0,
+    ):
+        self.subscriber = subscriber
+        self.update = update
+        self.poll_s = poll_s
+        self.errors: list[Exception] = []
+        self.delivered: list[int] = []  # versions handed to `update`, in order
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="weight-fetcher", daemon=True)
+
+    def start(self) -> BackgroundFetcher:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> BackgroundFetcher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait_for(self, version: int, timeout: float | None = None) -> bool:
+        """Block until a version >= `version` was delivered (True) or `timeout` passed."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: bool(self.delivered) and self.delivered[-1] >= version, timeout
+            )
+
+    def poll_once(self) -> int | None:
+        """Fetch and deliver the newest version if it is newer than the held one."""
+        newest = self.subscriber.latest_version()
+        held = self.subscriber.version
+        if newest is None or (held is not None and newest <= held):
+            return None
+        version, params = self.subscriber.fetch(newest)
+        self.update(params, version)
+        with self._changed:
+            self.delivered.append(version)
+            self._changed.notify_all()
+        return version
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except Exception as e:  # a bad version or a network error: retried at the next poll
+                self.errors.append(e)
+            self._stop.wait(self.poll_s)
