@@ -63,6 +63,9 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.rollout.top_k = 0
     r.rollout.tool_workers = 4
     r.rollout.run_timeout_s = 20.0
+    r.rollout.max_attempts = 3  # an episode that raises is played again, then given up
+    # Simulated test-suite runtimes (benchmarks): Pareto (scale_s, alpha) per task; (0, 0) off.
+    r.rollout.test_latency_pareto = (0.0, 0.0)
     r.objective = ml_collections.ConfigDict()
     o = ObjectiveConfig(group_size=1, loss_constant=1.0)
     for name in OBJECTIVE_FIELDS:
@@ -119,6 +122,12 @@ def objective_config(config: ml_collections.ConfigDict) -> ObjectiveConfig:
 def rollout_config(config: ml_collections.ConfigDict) -> RolloutConfig:
     ro = config.rl.rollout
     fields = {k: ro[k] for k in ro if k != "engine_slots"}
+    latency = fields["test_latency_pareto"]
+    if len(latency) != 2:
+        raise ConfigError(
+            f"config.rl.rollout.test_latency_pareto={latency}: expected (scale_s, alpha)"
+        )
+    fields["test_latency_pareto"] = tuple(float(x) for x in latency)
     try:
         return RolloutConfig(**fields)
     except ValueError as e:

@@ -1,0 +1,191 @@
+"""Synchronous vs asynchronous RL on the tiny task family with heavy-tailed test runtimes
+(docs/recipe.md §2): samples trained per second, trainer idle fraction and reward per sample,
+for max_staleness S = 0 (synchronous) and S = 1, 2, 4, in one run.
+
+    python -m c2.bench.async_rl --init_from=runs/main/sft_agent [--steps 8] [--staleness 0,1,2,4]
+        [--latency 1.5,1.5] [--out c2/bench/results/async_rl.json]
+
+Each setting is the RL stage of experiments/rl_tiny.py (the same prompts in the same ledger
+order, the same seed) for `--steps` steps, with every task's hidden-test run taking a Pareto
+(scale, alpha) number of seconds drawn from its id (capped at 20 x scale): real repositories'
+suites run for very different times. Rates leave out the first step (compilation); the settings
+run in one process, so later ones reuse the compiled programs (the first setting runs a warm-up
+step first for that reason). The aim: at least 2.5x the samples/s of S = 0 at S <= 2, with no
+worse reward per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from c2.infer.engine import Engine
+from c2.rl import config as rl_config
+from c2.rl import simulate, trainer
+from c2.rl.records import read_rollouts
+from c2.train import lm
+from c2.train.config import load_config
+from c2.train.loop import load_init_params
+from c2.train.metrics import read_metrics
+
+CONFIG = Path(__file__).parents[2] / "experiments" / "rl_tiny.py"
+
+
+def bench_config(init_from: str, steps: int, staleness: int, latency: tuple[float, float]):
+    c = load_config(CONFIG)
+    c.init_from = init_from
+    saved = Path(init_from) / "config.json"
+    if saved.is_file():  # the checkpoint's own positional scaling (YaRN), whatever it was
+        yarn = json.loads(saved.read_text())["model"]["yarn"]
+        for k, v in yarn.items():
+            c.model.yarn[k] = v
+    c.train.steps = steps
+    c.train.checkpoint_every = steps
+    c.train.progress_bar = False
+    c.rl.max_staleness = staleness
+    c.rl.rollout.test_latency_pareto = latency
+    c.rl.rollout.tool_workers = 32  # graders wait on the simulated suites, not on the CPU
+    c.rl.eval.tasks, c.rl.eval.samples = 2, 1  # the held-out evaluation is not measured here
+    return c
+
+
+def summarize(workdir: Path, skip: int = 1) -> dict:
+    """Rates over the steps after the first `skip` (compilation)."""
+    rows = read_metrics(workdir / "metrics.jsonl")[skip:]
+    wall = sum(r["step_time_s"] for r in rows)
+    samples = sum(r["valid_samples"] for r in rows)
+    idle = sum(r["trainer_idle_frac"] * r["step_time_s"] for r in rows)
+    rewards = [r["reward/total"] for r in rows]
+    return {
+        "steps": len(rows),
+        "samples": samples,
+        "wall_s": wall,
+        "samples_per_s": samples / wall,
+        "trainer_idle_frac": idle / wall,
+        "reward_per_sample": float(np.mean(rewards)),
+        "reward_se": float(np.std(rewards) / max(np.sqrt(len(rewards)), 1)),
+        "pass_rate": float(np.mean([r["pass_rate"] for r in rows])),
+        "staleness_mean": float(np.mean([r.get("staleness_mean", 0.0) for r in rows])),
+        "groups_zero_advantage": float(np.mean([r["groups_zero_advantage"] for r in rows])),
+    }
+
+
+def decode_costs(init_from: str, slots: int) -> tuple[float, float]:
+    """(floor, per-sequence) seconds of one decode step, fitted at 1 and `slots` sequences."""
+    config = bench_config(init_from, 3, 0, (0.0, 0.0))
+    task = lm.build_task(rl_config._without_rl(config))
+    params = load_init_params(init_from, task)
+    new, times = 64, {}
+    for n in (1, slots, 1, slots):  # interleaved, the second of each kept (compiled)
+        engine = Engine(params, task.cfg, max_slots=slots, max_len=256, temperature=1.0)
+        engine.generate([[1] * 16], 2)  # compile the feed and decode calls
+        t0 = time.perf_counter()
+        engine.generate([[1 + i] * 16 for i in range(n)], new)
+        times[n] = (time.perf_counter() - t0) / new
+    per_seq = max(times[slots] - times[1], 0.0) / (slots - 1)
+    return max(times[1] - per_seq, 1e-6), per_seq
+
+
+def sim_inputs(results: dict, workdirs: dict, args, slots: int, decode) -> dict:
+    """What c2.rl.simulate needs to replay this run: costs measured here."""
+    sync = min(results)
+    lengths = [
+        r["loss_mask"].count(1)
+        for path in sorted((workdirs[sync] / "rollouts").glob("step_*.jsonl"))
+        for r in read_rollouts(path, with_routing=False)
+    ]
+    logs = np.log([n for n in lengths if n > 0])
+    train = {S: _mean_train_s(workdirs[S]) for S in results}
+    busiest = max(results)
+    return {
+        "engine_slots": slots,
+        "decode_floor_s": decode[0],
+        "decode_per_seq_s": decode[1],
+        "tokens_median": float(np.exp(np.median(logs))),
+        "tokens_sigma": float(np.std(logs)),
+        "tokens_max": int(max(lengths)),
+        "train_fixed_s": train[sync],
+        "train_per_token_s": 0.0,  # fixed shapes: a step costs the same whatever it holds
+        "prompts_per_step": 4,
+        "group_size": 8,
+        "steps": args.steps,
+        "contention": max(train[busiest] / train[sync] - 1.0, 0.0),
+    }
+
+
+def _mean_train_s(workdir: Path) -> float:
+    return float(np.mean([r["train_s"] for r in read_metrics(workdir / "metrics.jsonl")[1:]]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m c2.bench.async_rl")
+    parser.add_argument("--init_from", required=True, help="agent-SFT workdir (the RL start)")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--staleness", default="0,1,2,4")
+    parser.add_argument("--latency", default="1.5,1.5", help="Pareto scale_s,alpha of test runs")
+    parser.add_argument("--out", default=None, help="JSON results (default: print only)")
+    args = parser.parse_args(argv)
+    settings = [int(s) for s in args.staleness.split(",")]
+    latency = tuple(float(x) for x in args.latency.split(","))
+    if args.steps < 3 or min(settings) < 0 or len(latency) != 2:
+        parser.error("--steps >= 3, --staleness of ints >= 0, --latency scale,alpha")
+    load = os.getloadavg()
+    print(f"# {platform.node()} {os.cpu_count()} cpus, load average {load[0]:.2f} (before)")
+    results, workdirs = {}, {}
+    slots = bench_config(args.init_from, 3, 0, latency).rl.rollout.engine_slots
+    with tempfile.TemporaryDirectory(prefix="async_rl_") as tmp:
+        warm = bench_config(args.init_from, 2, settings[0], (0.0, 0.0))
+        trainer.run(warm, Path(tmp) / "warmup")  # compile everything once, off the clock
+        for S in settings:
+            t0 = time.perf_counter()
+            workdir = workdirs[S] = Path(tmp) / f"S{S}"
+            trainer.run(bench_config(args.init_from, args.steps, S, latency), workdir)
+            results[S] = summarize(workdir) | {"total_s": time.perf_counter() - t0}
+            r = results[S]
+            print(
+                f"S={S}: {r['samples_per_s']:.2f} samples/s, trainer idle "
+                f"{r['trainer_idle_frac']:.2f}, reward/sample {r['reward_per_sample']:.3f} "
+                f"+- {r['reward_se']:.3f}, staleness {r['staleness_mean']:.2f}",
+                flush=True,
+            )
+        decode = decode_costs(args.init_from, slots)
+        inputs = sim_inputs(results, workdirs, args, slots, decode)
+    base = results[settings[0]]["samples_per_s"]
+    print(f"\n{'S':>3} {'samples/s':>10} {'vs S=' + str(settings[0]):>9} {'idle':>6} {'reward':>8}")
+    for S, r in results.items():
+        speedup = r["samples_per_s"] / base
+        print(
+            f"{S:>3} {r['samples_per_s']:>10.2f} {speedup:>8.2f}x {r['trainer_idle_frac']:>6.2f} "
+            f"{r['reward_per_sample']:>8.3f}"
+        )
+    after = os.getloadavg()
+    print(f"# load average {after[0]:.2f} (after)")
+    if args.out:
+        out = {
+            "machine": f"{platform.node()} {os.cpu_count()} cpus",
+            "load_before": load[0],
+            "load_after": after[0],
+            "command": " ".join(["python -m c2.bench.async_rl", *(argv or sys.argv[1:])]),
+            "latency_pareto": latency,
+            "results": {str(k): v for k, v in results.items()},
+            "sim_inputs": inputs,
+        }
+        Path(args.out).write_text(json.dumps(out, indent=2))
+        print(
+            "\n# the simulator on this run's measured costs (python -m c2.rl.simulate --validate)"
+        )
+        simulate.main(["--validate", args.out, "--staleness", args.staleness])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
