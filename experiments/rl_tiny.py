@@ -1,22 +1,26 @@
-"""The RL stage (docs/recipe.md §2), tiny, on CPU: synchronous policy-gradient RL of the agent-SFT
+"""The RL stage (docs/recipe.md §2), tiny, on CPU: asynchronous policy-gradient RL of the agent-SFT
 model on generated function tasks, played as tool-calling episodes in the sandbox.
 
-Each step plays 4 prompts x 8 samples (group size 8, single epoch: every prompt once) with the
-current weights, grades them with hidden tests, and takes one Adam step with the recipe's
-objective: group-mean advantages (no std normalisation), the constant-normalised token sum (no
-length normalisation), k1 KL to the RL start weights in the reward, MoE router replay of the
-recorded experts, the p99 train/inference mismatch filter and truncated importance sampling.
-Held-out pass@1 and best-of-4 on 50 tasks of templates never trained on, at the start and end.
+Episodes are generated continuously; each step trains 4 finished prompts x 8 samples (group size
+8, single epoch: every prompt once), none with a token more than 2 versions older than the
+weights being updated (max_staleness 2; 0 would be synchronous), and takes one Adam step with
+the recipe's objective: group-mean advantages (no std normalisation), the constant-normalised
+token sum (no length normalisation), k1 KL to the RL start weights in the reward, MoE router
+replay of the recorded experts, the p99 train/inference mismatch filter and truncated importance
+sampling. Held-out pass@1 and best-of-4 on 50 tasks of templates never trained on, at the start
+and end.
 
 Command (after experiments/sft_agent_tiny.py has run into runs/sft_agent_tiny):
     python -m c2.main --config=experiments/rl_tiny.py --workdir=runs/rl_tiny
 (`--config.init_from=DIR` takes another workdir or `hf:DIR`.)
-Runtime: 17 minutes measured on the 2-core reference machine with the test suite running beside
-it (36 steps at ~26 s: rollouts ~10 s, the update ~16 s; two held-out evaluations ~1 minute each).
-Expected: (measured, BENCHMARKS.md "RL stage") from a policy that has learned the tool-call format
-but not to read the instruction, held-out pass@1 0.19 -> 0.17 and best-of-4 0.56 -> 0.48 (paired
-change -0.02 [-0.10, +0.06]): no gain; DIR/final_metrics.json holds the gain and its interval,
-DIR/*.png the curves, DIR/rollouts/ every sample.
+Runtime: 17 minutes measured synchronously (max_staleness 0) on the 2-core reference machine with
+the test suite running beside it (36 steps at ~26 s: rollouts ~10 s, the update ~16 s; two
+held-out evaluations ~1 minute each); asynchronously, generation overlaps the updates (see
+BENCHMARKS.md "Asynchronous RL"). Expected (measured synchronously, BENCHMARKS.md "RL stage")
+from a policy that has learned the tool-call format but not to read the instruction: held-out
+pass@1 0.19 -> 0.17 and best-of-4 0.56 -> 0.48 (paired change -0.02 [-0.10, +0.06]): no gain;
+DIR/final_metrics.json holds the gain and its interval, DIR/*.png the curves, DIR/rollouts/
+every sample.
 """
 
 from c2.rl.config import rl_stage_defaults
@@ -42,6 +46,7 @@ def get_config(arg=None):
     c.rl.group_size = 8
     c.rl.prompts_per_step = 4
     c.rl.micro_batch_size = 8
+    c.rl.max_staleness = 2
     c.rl.seq_buckets = (512,)
     c.rl.rollout.max_tokens = 512
     c.rl.rollout.max_turn_tokens = 192

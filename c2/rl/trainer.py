@@ -1,16 +1,19 @@
-"""The RL stage (docs/recipe.md §2), synchronous: each step plays a batch of episodes with the
-current weights, then takes one optimiser step on them.
+"""The RL stage (docs/recipe.md §2), asynchronous with bounded staleness.
 
     python -m c2.main --config=experiments/rl_tiny.py --workdir=DIR [--config.init_from=SFT_DIR]
 
-Per step s (weights version s): the next `prompts_per_step` prompts of the ledger, each played
-`group_size` times by the engine (c2/rl/episodes.py) -> samples -> a fixed-shape batch ->
-`RLLearner.update` (router replay, mismatch filter, TIS, k1 KL to the RL start weights in the
-reward, the objective's defaults) -> the new weights go to the engine as version s + 1. Samples
-are written to DIR/rollouts/step_NNNNNN.jsonl with the step that trained them; held-out
-evaluations (pass@1, best-of-K) to DIR/rollouts/eval_NNNNNN.jsonl and DIR/eval.jsonl. The
-prompt ledger is single-epoch: the ids consumed are saved with every checkpoint, so a resumed
-run neither repeats nor skips a prompt (episodes in flight at a crash are played again).
+Rollouts run continuously in a background thread (c2/rl/orchestrator.py: one engine with
+continuous batching, the sandbox pool for tools and grading); the trainer takes complete groups
+as they finish. Optimiser step s (weights version s -> s + 1) trains `prompts_per_step` groups of
+`group_size` episodes, none with a token older than version s - max_staleness (0: synchronous,
+on-policy), through `RLLearner.update` (router replay, mismatch filter, TIS, k1 KL to the RL
+start weights in the reward, the objective's defaults); the new weights reach the engine at its
+next decode step. Samples are written to DIR/rollouts/step_NNNNNN.jsonl with the step that
+trained them; held-out evaluations (pass@1, best-of-K), on an engine of their own holding the
+weights of that step, to DIR/rollouts/eval_NNNNNN.jsonl and DIR/eval.jsonl. The prompt ledger is
+single-epoch: the ids trained are saved with every checkpoint; a resumed run (after a crash,
+even SIGKILL) regenerates whatever was in flight, trains no prompt twice and skips none, and
+moves the rollout files of steps the crash undid to DIR/rollouts/discarded/.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ CURVES = {
     "heldout": ("eval_pass@1", "eval_best_of_k", "pass_rate"),
     "mismatch": ("mismatch_p50", "mismatch_p99", "mismatch_max", "frac_tokens_dropped"),
     "throughput": ("generated_tokens_per_s", "train_tokens_per_s", "step_time_s"),
+    "async": ("staleness_mean", "trainer_idle_frac", "samples_per_s", "groups_zero_advantage"),
     "episodes": ("turns_mean", "generated_tokens_mean", "invalid_tool_calls_mean"),
     "optim": ("loss", "grad_norm", "update_norm", "lr"),
 }
