@@ -304,6 +304,7 @@ class WeightPublisher:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads)
         self._prev: Bits | None = None  # the bits of the last version this publisher wrote
         self._prev_version: int | None = None
+        self._prev_layout: dict = {}
         self._since_anchor = 0
 
     def publish(self, params: Mapping[str, Any], version: int) -> Published:
@@ -313,18 +314,15 @@ class WeightPublisher:
         arrays = {
             n: serving_array(n, x, self.dtype, self.keep_dtype) for n, x in flatten(params).items()
         }
-        bits = {n: _bits(x) for n, x in arrays.items()}
+        layout = {n: (x.shape, x.dtype.name) for n, x in arrays.items()}
         anchor = self._prev is None or self._since_anchor + 1 >= self.full_every
-        if not anchor:
-            layout = {n: (x.shape, x.dtype) for n, x in bits.items()}
-            diff = _layout_diff({n: (x.shape, x.dtype) for n, x in self._prev.items()}, layout)
-            if diff:
-                raise WeightSyncError(
-                    f"version {version}: the model changed shape since version "
-                    f"{self._prev_version}: {diff[1]}",
-                    version=version,
-                    tensor=diff[0],
-                )
+        if not anchor and (diff := _layout_diff(self._prev_layout, layout)):
+            raise WeightSyncError(
+                f"version {version}: the model changed shape since version "
+                f"{self._prev_version}: {diff[1]}",
+                version=version,
+                tensor=diff[0],
+            )
         base = None if anchor else self._prev
         entries = list(self._pool.map(lambda n: self._put(version, n, arrays[n], base), arrays))
         manifest = {
@@ -338,7 +336,8 @@ class WeightPublisher:
             "tensors": entries,
         }
         self.store.write(_manifest_key(version), json.dumps(manifest).encode()).result()
-        self._prev, self._prev_version = bits, version
+        self._prev = {n: _bits(x) for n, x in arrays.items()}
+        self._prev_version, self._prev_layout = version, layout
         self._since_anchor = 0 if anchor else self._since_anchor + 1
         return Published(
             version,

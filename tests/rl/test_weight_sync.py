@@ -212,7 +212,11 @@ def test_publisher_rejects_old_versions_and_shape_changes(tmp_path, versions):
     pub, _ = publish_all(tmp_path, versions[:3], full_every=8)
     with pytest.raises(ws.WeightSyncError, match="version 2: the store already holds version 2"):
         pub.publish(versions[3], 2)
-    with pytest.raises(ws.WeightSyncError, match="version 3: the model changed shape") as err:
+    with pytest.raises(
+        ws.WeightSyncError,
+        match=r"version 3: the model changed shape since version 2: tensor .embed. is "
+        r"bfloat16\[32, 8\], expected bfloat16\[32, 16\]",
+    ) as err:
         pub.publish(make_params(d=8), 3)
     assert err.value.tensor == "embed"
     with pytest.raises(ValueError, match="full_every=0"):
