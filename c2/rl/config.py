@@ -53,6 +53,12 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # older than version s - max_staleness; 0 is synchronous, on-policy training.
     r.max_staleness = 2
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
+    # New weights reach the engine in process (""), or through the weight store at this kvstore
+    # URL (a path, file://, s3://bucket/prefix, gs://...; c2/rl/weight_sync.py): a delta per
+    # version in the serving dtype, an anchor every `full_every` versions.
+    r.weight_store = ""
+    r.weight_store_dtype = "bfloat16"
+    r.weight_store_full_every = 16
     r.rollout = ml_collections.ConfigDict()
     r.rollout.engine_slots = 16
     r.rollout.max_turns = 4
@@ -153,11 +159,16 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     check_structure(config, rl_stage_defaults())
     r = config.rl
     positive = ("group_size", "prompts_per_step", "micro_batch_size", "eval.tasks", "eval.samples")
-    positive += ("rollout.engine_slots", "rollout.tool_workers")
+    positive += ("rollout.engine_slots", "rollout.tool_workers", "weight_store_full_every")
     check_positive(config, *(f"rl.{name}" for name in positive))
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
     check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
+    if r.weight_store_dtype not in ("bfloat16", "float32", "float16"):
+        raise ConfigError(
+            f"config.rl.weight_store_dtype={r.weight_store_dtype!r}: expected bfloat16, float16 "
+            "or float32"
+        )
     if r.eval.tasks < 2:
         raise ConfigError(
             f"config.rl.eval.tasks={r.eval.tasks}: the held-out gain's paired interval needs at "

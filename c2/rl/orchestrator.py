@@ -22,8 +22,11 @@ them. Larger S lets generation run up to S versions ahead, so long episodes (slo
 many turns) no longer hold the trainer, and the trainer's steps no longer hold generation.
 
 `AsyncRollouts` runs one `EpisodeRunner` (engine + sandbox pool) in a background thread under a
-`Scheduler`; the trainer calls `next_groups(step)` and `publish(params, version)`. Weights take
-effect at the engine's next decode step (KV caches kept, or rebuilt with `recompute_kv`).
+`Scheduler`; the trainer calls `next_groups(step)` and `publish(params, version)`. Weights go to
+the engine in process (`InProcessWeights`) or through the weight store (`StoreWeights`: a delta
+per version, fetched and decoded off the engine's path); either way they take effect at the
+engine's next decode step (KV caches kept, or rebuilt with `recompute_kv`), and admission uses
+the version the engine was handed, so a lagging engine admits less, never staler work.
 """
 
 from __future__ import annotations
@@ -128,6 +131,62 @@ def oldest_version(sample: Sample) -> int | None:
     return int(versions.min()) if len(versions) else None
 
 
+class InProcessWeights:
+    """New weights go straight to the engine (one process: the default)."""
+
+    def initial(self, params, version: int):
+        return params
+
+    def start(self, deliver: Callable[[object, int], None]) -> None:
+        self._deliver = deliver
+
+    def publish(self, params, version: int) -> None:
+        self._deliver(params, version)
+
+    def close(self) -> None:
+        pass
+
+
+class StoreWeights:
+    """New weights travel through the weight store (c2/rl/weight_sync.py): the trainer publishes
+    each version (a delta in the serving dtype); a background fetcher decodes it off the
+    engine's path and hands it to the engine. A (re)started run writes under
+    `url/from_step_NNNNNN`, so versions a crash undid never mix with the resumed run's."""
+
+    def __init__(self, url: str, *, dtype: str, full_every: int, start: int):
+        from c2.rl import weight_sync
+
+        self.url = f"{str(url).rstrip('/')}/from_step_{start:06d}"
+        self.publisher = weight_sync.WeightPublisher(self.url, full_every=full_every, dtype=dtype)
+        self.subscriber = weight_sync.WeightSubscriber(self.url)
+        self._fetcher = None
+        self._sync = weight_sync
+
+    def initial(self, params, version: int):
+        """Publish the starting weights and load them back: the engine serves exactly the
+        published bits, the base of the first delta."""
+        self.publisher.publish(params, version)
+        got, served = self.subscriber.fetch(version)
+        if got != version:
+            raise self._sync.WeightSyncError(
+                f"published version {version} but the store gave {got}", version=version
+            )
+        return served
+
+    def start(self, deliver: Callable[[object, int], None]) -> None:
+        self._fetcher = self._sync.BackgroundFetcher(self.subscriber, deliver, poll_s=0.02)
+        self._fetcher.start()
+
+    def publish(self, params, version: int) -> None:
+        self.publisher.publish(params, version)
+
+    def close(self) -> None:
+        if self._fetcher is not None:
+            self._fetcher.stop()
+        self.subscriber.close()
+        self.publisher.close()
+
+
 class AsyncRollouts:
     """Continuous generation for the trainer: `EpisodeRunner.stream` in a background thread,
     admission by `Scheduler`. `prompts` lists the ids still to train, in ledger order;
@@ -143,8 +202,10 @@ class AsyncRollouts:
         *,
         version: int,
         limit: int,
+        weights: InProcessWeights | StoreWeights | None = None,
     ):
         self.runner, self.scheduler, self.request = runner, scheduler, request
+        self.weights = InProcessWeights() if weights is None else weights
         self._prompts = collections.deque(prompts)
         self._left = limit
         self._pending: collections.deque[EpisodeRequest] = collections.deque()
@@ -159,6 +220,7 @@ class AsyncRollouts:
     # The rollout thread ----------------------------------------------------------------------
 
     def start(self) -> AsyncRollouts:
+        self.weights.start(self._deliver)
         self._thread.start()
         return self
 
@@ -215,10 +277,14 @@ class AsyncRollouts:
                 self._cond.wait(0.5)
 
     def publish(self, params, version: int) -> None:
-        """New weights: the engine uses them from its next decode step; admission opens."""
+        """New weights: in process, or through the store (`weights`)."""
+        self.weights.publish(params, version)
+
+    def _deliver(self, params, version: int) -> None:
+        """The engine uses `params` from its next decode step; admission opens for `version`."""
         self.runner.engine.update_weights(params, version)
         with self._cond:
-            self._version = version
+            self._version = max(self._version, version)
             self._cond.notify_all()
 
     def counters(self) -> dict[str, float]:
@@ -231,7 +297,9 @@ class AsyncRollouts:
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.weights.close()
 
 
 def staleness_metrics(groups: Sequence[Group], step: int, per_sample: dict) -> dict[str, float]:

@@ -194,9 +194,17 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         stop_tokens=(chat.im_end,),
         recompute_kv=r.recompute_kv,
     )
-    engine = Engine(
-        _for_engine(params, mesh), cfg, seed=config.train.seed + start, version=start, **engine_args
-    )
+    if r.weight_store:
+        weights = orchestrator.StoreWeights(
+            r.weight_store,
+            dtype=r.weight_store_dtype,
+            full_every=r.weight_store_full_every,
+            start=start,
+        )
+    else:
+        weights = orchestrator.InProcessWeights()
+    served = weights.initial(_for_engine(params, mesh), start)
+    engine = Engine(served, cfg, seed=config.train.seed + start, version=start, **engine_args)
     sandbox = Sandbox()
     runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
     G, P = r.group_size, r.prompts_per_step
@@ -207,6 +215,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k),
         version=start,
         limit=(steps - start) * P,
+        weights=weights,
     )
 
     def evaluate(step: int) -> dict:
