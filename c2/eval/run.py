@@ -590,7 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("c2").setLevel(logging.INFO)
     options = RunOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions)})
     try:
         results = run(
