@@ -26,6 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from c2.infer.engine import Engine
@@ -82,11 +83,12 @@ def summarize(workdir: Path, skip: int = 1) -> dict:
 def decode_costs(init_from: str, slots: int) -> tuple[float, float]:
     """(floor, per-sequence) seconds of one decode step, fitted at 1 and `slots` sequences."""
     config = bench_config(init_from, 3, 0, (0.0, 0.0))
+    _, cfg, _, _ = rl_config.validate_rl(config, jax.device_count())
     task = lm.build_task(rl_config._without_rl(config))
     params = load_init_params(init_from, task)
     new, times = 64, {}
     for n in (1, slots, 1, slots):  # interleaved, the second of each kept (compiled)
-        engine = Engine(params, task.cfg, max_slots=slots, max_len=256, temperature=1.0)
+        engine = Engine(params, cfg, max_slots=slots, max_len=256, temperature=1.0)
         engine.generate([[1] * 16], 2)  # compile the feed and decode calls
         t0 = time.perf_counter()
         engine.generate([[1 + i] * 16 for i in range(n)], new)
@@ -122,6 +124,23 @@ def sim_inputs(results: dict, workdirs: dict, args, slots: int, decode) -> dict:
     }
 
 
+def common_prompt_rewards(workdirs: dict) -> dict:
+    """Reward per sample over the prompts every setting trained: each setting trains its
+    finished groups first, so in a short run the sets differ and so would their difficulty."""
+    by_setting = {}
+    for S, workdir in workdirs.items():
+        rewards: dict[str, list[float]] = {}
+        for path in sorted((workdir / "rollouts").glob("step_*.jsonl")):
+            for r in read_rollouts(path, with_routing=False):
+                rewards.setdefault(r["prompt_id"], []).append(r["reward"])
+        by_setting[S] = rewards
+    common = set.intersection(*(set(r) for r in by_setting.values()))
+    return {
+        S: float(np.mean([x for p in sorted(common) for x in r[p]])) if common else float("nan")
+        for S, r in by_setting.items()
+    }
+
+
 def _mean_train_s(workdir: Path) -> float:
     return float(np.mean([r["train_s"] for r in read_metrics(workdir / "metrics.jsonl")[1:]]))
 
@@ -133,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--staleness", default="0,1,2,4")
     parser.add_argument("--latency", default="1.5,1.5", help="Pareto scale_s,alpha of test runs")
     parser.add_argument("--out", default=None, help="JSON results (default: print only)")
+    parser.add_argument("--workdir", default=None, help="keep the runs here (default: a tmp dir)")
     args = parser.parse_args(argv)
     settings = [int(s) for s in args.staleness.split(",")]
     latency = tuple(float(x) for x in args.latency.split(","))
@@ -142,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# {platform.node()} {os.cpu_count()} cpus, load average {load[0]:.2f} (before)")
     results, workdirs = {}, {}
     slots = bench_config(args.init_from, 3, 0, latency).rl.rollout.engine_slots
+    decode = decode_costs(args.init_from, slots)
+    print(f"decode step: {decode[0] * 1e3:.1f} ms + {decode[1] * 1e3:.2f} ms per sequence")
     with tempfile.TemporaryDirectory(prefix="async_rl_") as tmp:
+        tmp = args.workdir or tmp
         warm = bench_config(args.init_from, 2, settings[0], (0.0, 0.0))
         trainer.run(warm, Path(tmp) / "warmup")  # compile everything once, off the clock
         for S in settings:
@@ -157,15 +180,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"+- {r['reward_se']:.3f}, staleness {r['staleness_mean']:.2f}",
                 flush=True,
             )
-        decode = decode_costs(args.init_from, slots)
+            if args.out:  # kept as it comes: a later failure loses nothing measured
+                Path(args.out).write_text(json.dumps({str(k): v for k, v in results.items()}))
+        common = common_prompt_rewards(workdirs)
+        for S in results:
+            results[S]["reward_common_prompts"] = common[S]
         inputs = sim_inputs(results, workdirs, args, slots, decode)
     base = results[settings[0]]["samples_per_s"]
-    print(f"\n{'S':>3} {'samples/s':>10} {'vs S=' + str(settings[0]):>9} {'idle':>6} {'reward':>8}")
+    head = f"{'S':>3} {'samples/s':>10} {'vs S=' + str(settings[0]):>9} {'idle':>6} {'reward':>8}"
+    print(f"\n{head} {'same prompts':>13}")
     for S, r in results.items():
         speedup = r["samples_per_s"] / base
         print(
             f"{S:>3} {r['samples_per_s']:>10.2f} {speedup:>8.2f}x {r['trainer_idle_frac']:>6.2f} "
-            f"{r['reward_per_sample']:>8.3f}"
+            f"{r['reward_per_sample']:>8.3f} {r['reward_common_prompts']:>13.3f}"
         )
     after = os.getloadavg()
     print(f"# load average {after[0]:.2f} (after)")
