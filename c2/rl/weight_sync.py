@@ -47,6 +47,7 @@ also accepted as the url.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import hashlib
@@ -613,7 +614,7 @@ class BackgroundFetcher:
         self.subscriber = subscriber
         self.update = update
         self.poll_s = poll_s
-        self.errors: list[Exception] = []
+        self.errors: collections.deque[Exception] = collections.deque(maxlen=100)  # the last
         self.delivered: list[int] = []  # versions handed to `update`, in order
         self._stop = threading.Event()
         self._changed = threading.Condition()

@@ -4,6 +4,7 @@ pruning, the S3 protocol against a real server on the loopback, and a real engin
 
 import json
 import socket
+import time
 
 import chex
 import jax
@@ -339,6 +340,22 @@ def test_s3_end_to_end(s3_server, versions):
     with pytest.raises(ws.WeightSyncError, match="version 4, tensor 'embed': blob missing"):
         sub.fetch()
     assert sub.version == 3
+
+
+def test_the_fetcher_keeps_errors_and_recovers_at_the_next_good_version(tmp_path, versions):
+    publish_all(tmp_path, versions[:3], full_every=8)
+    sub = ws.WeightSubscriber(tmp_path)
+    sub.fetch(0)
+    _corrupt_blob(tmp_path, 2, "embed")
+    delivered = []
+    with ws.BackgroundFetcher(sub, lambda p, v: delivered.append(v), poll_s=0.01).start() as f:
+        while not f.errors:
+            time.sleep(0.01)
+        assert delivered == [] and sub.version == 0  # version 2 is bad: nothing half-applied
+        ws.WeightPublisher(tmp_path).publish(versions[3], 3)  # a new anchor
+        assert f.wait_for(3, timeout=60)
+    assert delivered == [3] and sub.last_applied == [3]
+    assert "version 2, tensor 'embed': checksum mismatch" in str(f.errors[0])
 
 
 def test_a_following_engine_swaps_in_each_new_version(tmp_path):
