@@ -11,8 +11,12 @@ Speculative numbers only mean something for a model whose MTP head was trained: 
 workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
 
 Command:
-    python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt
+    python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt [--batch 32]
     (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights)
+Timing is fair on a shared machine (c2.bench.fair): runs interleaved, medians with min-max
+spread, the load average before and after and other processes' CPU during the run printed and
+written to the JSON, a loud warning when the machine is busy (load >= 0.5; --require_quiet
+refuses to run).
 Runtime: about 5 minutes on the 2-core reference machine (transformers is half of it).
 Expected: c2 many times transformers' tokens/s with identical greedy tokens; speculative
 greedy identical to plain and faster when drafts are accepted; float32 replayed mismatch ~1e-6.
@@ -26,7 +30,6 @@ import json
 import os
 import platform
 import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -34,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2 import model
+from c2.bench import fair
 from c2.infer import Engine
 
 
@@ -81,17 +85,12 @@ def heldout_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
     raise ValueError(f"only {len(out)} held-out documents are long enough for {batch} prompts")
 
 
-def interleaved(runs: dict, repeats: int) -> dict:
-    """{name: (median seconds, last result)}: one untimed warm-up call each (compilation), then
-    `repeats` rounds calling every run in turn, so load on a shared machine hits all alike."""
-    results = {name: fn() for name, fn in runs.items()}
-    times = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            t = time.perf_counter()
-            results[name] = fn()
-            times[name].append(time.perf_counter() - t)
-    return {name: (float(np.median(times[name])), results[name]) for name in runs}
+def interleaved(runs: dict, repeats: int, pause: float = 0.2) -> dict:
+    """{name: (Timing, last result)}: one untimed warm-up call each (compilation), then
+    `repeats` rounds calling every run in turn after an untimed pause (c2.bench.fair), so load
+    on a shared machine hits all alike."""
+    timings, results = fair.interleave(runs, repeats, pause=pause)
+    return {name: (timings[name], results[name]) for name in runs}
 
 
 def c2_run(params, cfg, prompts, new_tokens, **options):
@@ -193,8 +192,11 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--moe_impl", choices=("ragged", "dense"), help="override the MoE dispatch for decoding"
     )
+    ap.add_argument("--steps_per_call", type=int, default=1, help="decode steps per engine call")
+    ap.add_argument("--require_quiet", action="store_true", help="refuse at load average >= 0.5")
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
+    check = fair.load_check(require_quiet=a.require_quiet)
 
     if a.workdir:
         cfg, params, step = load_stage(Path(a.workdir) / a.stage)
@@ -209,7 +211,6 @@ def main(argv=None) -> dict:
     res = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {jax.default_backend()}",
-        "load_average": os.getloadavg(),
         "model": source,
         "dtype": cfg.dtype,
         "moe_impl": cfg.moe_impl,
@@ -220,7 +221,7 @@ def main(argv=None) -> dict:
     drafts = [int(x) for x in a.drafts.split(",") if x] if cfg.mtp_depth else []
     runs = {}
     for temperature in (0.0, 1.0):  # greedy (the comparison with transformers) and sampling
-        opts = dict(temperature=temperature, seed=0)
+        opts = dict(temperature=temperature, seed=0, steps_per_call=a.steps_per_call)
         runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, **opts)
         for k in drafts:
             runs[f"c2 speculative k={k} T={temperature:g}"] = c2_run(
@@ -229,11 +230,21 @@ def main(argv=None) -> dict:
     if not a.skip_hf:
         runs["transformers T=0"] = hf_run(params, cfg, prompts, a.new_tokens)
     timed = interleaved(runs, a.repeats)
+    check = fair.finish(check)
+    res.update(check.record(), repeats=a.repeats, steps_per_call=a.steps_per_call)
     res["runs"] = {}
-    for name, (seconds, (tokens, info)) in timed.items():
+    for name, (timing, (tokens, info)) in timed.items():
+        seconds = timing.median
         temperature = name.rsplit("T=", 1)[1]
         plain_s, (plain_tokens, _) = timed[f"c2 T={temperature}"]
-        r = {"seconds": seconds, "tokens_per_s": tokens.size / seconds, **info}
+        plain_s = plain_s.median
+        r = {
+            "seconds": seconds,
+            "tokens_per_s": tokens.size / seconds,
+            "tokens_per_s_min_max": [tokens.size / timing.max, tokens.size / timing.min],
+            **timing.summary(),
+            **info,
+        }
         r["speedup_over_plain"] = plain_s / seconds
         if temperature == "0":  # greedy: every variant must give the same tokens
             r["identical_to_plain"] = float((tokens == plain_tokens).all(1).mean())
@@ -249,13 +260,16 @@ def main(argv=None) -> dict:
             if "identical_to_plain" in r
             else ""
         )
+        lo, hi = r["tokens_per_s_min_max"]
         print(
-            f"{name}: {r['tokens_per_s']:.0f} tokens/s, {r['speedup_over_plain']:.2f}x plain"
-            f"{accept}{same}"
+            f"{name}: {r['tokens_per_s']:.0f} tokens/s ({lo:.0f}-{hi:.0f}), "
+            f"{r['speedup_over_plain']:.2f}x plain{accept}{same}"
         )
     if "transformers T=0" in res["runs"]:
         res["c2_over_transformers"] = 1 / res["runs"]["transformers T=0"]["speedup_over_plain"]
         print(f"c2 over transformers (greedy): {res['c2_over_transformers']:.1f}x")
+    if check.busy:
+        print("(machine busy: see the warning above; not a valid comparison)")
     res["mismatch"] = {}
     for dtype in () if a.skip_mismatch else ("float32", "bfloat16"):
         res["mismatch"][dtype] = m = logprob_mismatch(params, cfg, prompts, a.new_tokens, dtype)
