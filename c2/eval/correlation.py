@@ -18,14 +18,16 @@ import numpy as np
 
 
 def fit(x: Sequence[float], y: Sequence[float]) -> dict:
-    """y ~ slope * x + intercept by least squares; r^2 = 1 - SS_res / SS_tot."""
+    """y ~ slope * x + intercept by least squares; r^2 = 1 - SS_res / SS_tot (None if y is
+    constant)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) != len(y) or len(x) < 3:
         raise ValueError(f"fit: need >= 3 paired points, got {len(x)} x and {len(y)} y")
     slope, intercept = np.polyfit(x, y, 1)
     pred = slope * x + intercept
     ss_tot = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else float("nan")
+    # r^2 is undefined when y does not vary (e.g. RL pass@1 0 at every scale): None.
+    r2 = 1.0 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else None
     return {"slope": float(slope), "intercept": float(intercept), "r2": r2, "n": len(x)}
 
 
@@ -64,7 +66,12 @@ def write(points: list[dict], out: str | Path) -> dict:
                     [p["rl_pass@1_ci95"][1] - p["rl_pass@1"] for p in points]])  # fmt: skip
     ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, label="runs (95% interval over tasks)")
     xs = np.linspace(min(x), max(x), 50)
-    ax.plot(xs, line["slope"] * xs + line["intercept"], "--", label=f"fit, r^2 = {line['r2']:.2f}")
+    ax.plot(
+        xs,
+        line["slope"] * xs + line["intercept"],
+        "--",
+        label="fit, r^2 = " + ("-" if line["r2"] is None else f"{line['r2']:.2f}"),
+    )
     for p in points:
         ax.annotate(f"{p['cpt_steps']} steps", (p["heldout_ce_bpb"], p["rl_pass@1"]), fontsize=7)
     ax.set(xlabel="held-out CE after CPT (bits per byte)", ylabel="RL held-out pass@1")

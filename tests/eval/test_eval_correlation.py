@@ -23,6 +23,7 @@ def test_fit_is_least_squares_with_r2_the_squared_correlation():
     assert f["slope"] == pytest.approx(slope) and f["intercept"] == pytest.approx(intercept)
     assert f["r2"] == pytest.approx(np.corrcoef(x, y)[0, 1] ** 2)
     assert correlation.fit([1, 2, 3], [3, 5, 7])["r2"] == pytest.approx(1.0)
+    assert correlation.fit([1, 2, 3], [0, 0, 0])["r2"] is None  # RL at 0 everywhere: undefined
     with pytest.raises(ValueError, match=">= 3 paired points"):
         correlation.fit([1, 2], [1, 2])
 
