@@ -69,13 +69,9 @@ ABLATIONS: dict[str, Ablation] = {
         "synchronous, on-policy RL (max_staleness 0; default 2)", {"rl.max_staleness": 0}
     ),
     "router_replay_off": Ablation(
-        "MoE router replay off",
-        {},
-        unavailable=(
-            "the RL learner always replays the engine's recorded experts (c2/rl/step.py "
-            "RLLearner passes routing= to model.forward unconditionally); it needs a switch, "
-            "e.g. config.rl.router_replay, before this ablation can run"
-        ),
+        "MoE router replay off: the train forwards route tokens themselves (default: the "
+        "engine's recorded experts are replayed)",
+        {"rl.router_replay": False},
     ),
     "self_summary": Ablation(
         "compaction vs self-summary of long episodes",

@@ -52,6 +52,7 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # Asynchrony (c2/rl/orchestrator.py): a sample trained by optimiser step s has no token
     # older than version s - max_staleness; 0 is synchronous, on-policy training.
     r.max_staleness = 2
+    r.router_replay = True  # train forwards replay the engine's recorded experts (off: ablation)
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
     # New weights reach the engine in process (""), or through the weight store at this kvstore
     # URL (a path, file://, s3://bucket/prefix, gs://...; c2/rl/weight_sync.py): a delta per

@@ -86,6 +86,7 @@ class RLLearner:
         length_penalty_k: float | None = None,
         length_penalty_q: float | None = None,
         schedule: optax.Schedule | None = None,
+        router_replay: bool = True,
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -93,6 +94,9 @@ class RLLearner:
             raise TypeError(f"objective: expected an ObjectiveConfig, got {type(objective)}")
         self.cfg, self.objective, self.tx, self.mesh = cfg, objective, tx, mesh
         self.schedule = schedule
+        # Off (an ablation): the train forwards route every token themselves, so train and
+        # behaviour log-probs may come from different experts.
+        self.router_replay = bool(router_replay)
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
 
@@ -340,7 +344,7 @@ class RLLearner:
             self._fwd_cfg,
             positions=mb["positions"],
             segment_ids=mb["segment_ids"],
-            routing=mb["routing"],
+            routing=mb["routing"] if self.router_replay else None,
             mesh=self.mesh,
         )
         B, T, V = logits_BTV.shape

@@ -182,6 +182,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         length_penalty_k=float(r.rewards.length_k),
         length_penalty_q=float(r.rewards.length_q),
         schedule=schedule,
+        router_replay=r.router_replay,
     )
     rollouts_dir = workdir / "rollouts"
     _set_aside_lost_steps(rollouts_dir, start)

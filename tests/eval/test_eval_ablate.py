@@ -38,13 +38,15 @@ def test_every_available_ablation_is_a_valid_change(name):
     assert changed, name
     assert config.train.seed == base.train.seed + 1
     base_obj = rl_config.objective_config(base)
-    assert objective != base_obj or config.rl.max_staleness != base.rl.max_staleness
+    assert (
+        objective != base_obj
+        or config.rl.max_staleness != base.rl.max_staleness
+        or config.rl.router_replay != base.rl.router_replay
+    )
 
 
 def test_refusals_name_what_is_wrong():
     c = _config()
-    with pytest.raises(ValueError, match="router replay.*unavailable.*step.py"):
-        ablate.check_ablations(["router_replay_off"], c)
     with pytest.raises(ValueError, match="self_summary.*compaction"):
         ablate.check_ablations(["self_summary"], c)
     with pytest.raises(ValueError, match="unknown ablation 'nope'"):

@@ -446,3 +446,14 @@ def test_bad_inputs_are_named(params, learner, random_batch):
         make_learner(ONE_DEVICE, 4, reward_weights={"speed": 1.0})
     with pytest.raises(ValueError, match="length_penalty_k"):
         make_learner(ONE_DEVICE, 4, length_penalty_k=None)
+
+
+def test_router_replay_off_routes_every_token_itself(params, learner, random_batch):
+    """The ablation switch: with replay off the train forward ignores the recorded experts (other
+    recorded experts give the same log-probs), with replay on they decide the log-probs."""
+    batch = random_batch[0]
+    other = dict(batch, routing=(batch["routing"] + 1) % CFG.n_experts)
+    off = make_learner(ONE_DEVICE, MICRO, router_replay=False)
+    p = learner.shard_params(copy(params))
+    np.testing.assert_array_equal(off.logprobs(p, batch), off.logprobs(p, other))
+    assert not np.allclose(learner.logprobs(p, batch), learner.logprobs(p, other))
