@@ -109,14 +109,16 @@ def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Arr
     in_shape, out_shape = w.shape[:n_in], w.shape[n_in:]
     assert x.shape[x.ndim - n_in :] == in_shape, (x.shape, w.shape, n_in)
     lead = x.shape[: x.ndim - n_in]
-    x2 = x.reshape(*lead, math.prod(in_shape)).astype(dtype)
+    # One flattened row axis: [rows, in] x [in, out]. With the leading axes kept ([B, T, in]),
+    # the weight gradient contracts two axes, which XLA:CPU runs about 2x slower (BENCHMARKS.md).
+    x2 = x.reshape(math.prod(lead), math.prod(in_shape)).astype(dtype)
     w2 = w.reshape(math.prod(in_shape), math.prod(out_shape)).astype(dtype)
     if c.quant == "mxfp8":
         from c2.quant import mxfp8
 
         y = mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl)
     else:
-        y = einsum_f32("...k,kn->...n", x2, w2).astype(dtype)
+        y = einsum_f32("mk,kn->mn", x2, w2).astype(dtype)
     return y.reshape(*lead, *out_shape)
 
 

@@ -124,11 +124,65 @@ def _ragged(x, w, group_sizes, c: ModelConfig):
     ).astype(dtype)
 
 
+@jax.custom_vjp
+def take_rows(x_NH: jax.Array, idx_M: jax.Array, inv_N: jax.Array) -> jax.Array:
+    """Rows x[idx] ([M, H]), zero where idx is out of range, for an injective `idx` (each row of x
+    taken at most once) whose inverse is `inv` (inv[idx[i]] = i; out of range for rows never
+    taken). Its gradient is the gather dy[inv]: XLA would differentiate the gather into a
+    scatter-add, which XLA:CPU runs element by element. Same values, same gradients."""
+    return x_NH.at[idx_M].get(mode="fill", fill_value=0)
+
+
+def _take_rows_fwd(x_NH, idx_M, inv_N):
+    return take_rows(x_NH, idx_M, inv_N), (idx_M, inv_N)
+
+
+def _take_rows_bwd(res, dy_MH):
+    idx_M, inv_N = res
+    return dy_MH.at[inv_N].get(mode="fill", fill_value=0), None, None
+
+
+take_rows.defvjp(_take_rows_fwd, _take_rows_bwd)
+
+
+def _tile_dot_f32(a, w_tiles, dtype):
+    return einsum_f32("tmk,tkn->tmn", a.astype(dtype), w_tiles.astype(dtype)).astype(dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tile_dot(a_tMK, w_EKN, tile_group_t, dtype):
+    """Per-tile matmul with each tile's expert weight: a[t] @ w[tile_group[t]].
+
+    The weights are gathered per tile in their own (master) dtype and cast after, so the weight
+    gradient sums an expert's tiles in that dtype. Written as a custom VJP so the gathered
+    [tiles, K, N] weights are not kept for the backward pass (it gathers them again) and the
+    per-tile weight gradients are summed into experts by a one-hot matmul instead of the
+    gather's transpose, a scatter-add (both slow on XLA:CPU); the values are the same sums."""
+    return _tile_dot_f32(a_tMK, w_EKN[tile_group_t], dtype)
+
+
+def _tile_dot_fwd(a_tMK, w_EKN, tile_group_t, dtype):
+    return _tile_dot(a_tMK, w_EKN, tile_group_t, dtype), (a_tMK, w_EKN, tile_group_t)
+
+
+def _tile_dot_bwd(dtype, res, dy):
+    a_tMK, w_EKN, tile_group_t = res
+    _, vjp = jax.vjp(lambda a, w: _tile_dot_f32(a, w, dtype), a_tMK, w_EKN[tile_group_t])
+    da, dw_tKN = vjp(dy)
+    one_hot = (tile_group_t[None, :] == jnp.arange(w_EKN.shape[0])[:, None]).astype(dw_tKN.dtype)
+    dw = jnp.einsum("et,tkn->ekn", one_hot, dw_tKN, precision=jax.lax.Precision.HIGHEST)
+    return da, dw.astype(w_EKN.dtype), None
+
+
+_tile_dot.defvjp(_tile_dot_fwd, _tile_dot_bwd)
+
+
 def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
     """The same grouped SwiGLU as whole tiles: each group is padded to a multiple of `tile` rows,
     every tile belongs to one expert, and the tiles run as one batched matmul with per-tile
     weights. XLA:CPU lowers `ragged_dot` to a slow loop; this keeps CPU runs at matmul speed
-    for at most G * (tile - 1) padding rows."""
+    for at most G * (tile - 1) padding rows. Rows move in and out of the tiles by gathers in
+    both directions (`take_rows`)."""
     N, H = x_NH.shape
     G = group_sizes_G.shape[0]
     n_tiles = -(-(N + G * (tile - 1)) // tile)
@@ -139,26 +193,24 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
     rank = jnp.arange(N) - (jnp.cumsum(group_sizes_G) - group_sizes_G)[row_group]
     valid = jnp.arange(N) < group_sizes_G.sum()
     dest = jnp.where(valid, pad_start[row_group] + rank, n_tiles * tile)  # invalid rows: cut off
-    xt = jnp.zeros((n_tiles * tile + 1, H), x_NH.dtype).at[dest].set(x_NH)[:-1]
-    xt = xt.reshape(n_tiles, tile, H)
+    # src[slot]: the row in each tile slot (N, out of range, for padding slots).
+    src = jnp.full((n_tiles * tile,), N, dest.dtype).at[dest].set(jnp.arange(N), mode="drop")
+    xt = take_rows(x_NH, src, dest).reshape(n_tiles, tile, H)
     tile_group = jnp.minimum(jnp.searchsorted(pad_end, jnp.arange(n_tiles) * tile, "right"), G - 1)
     dtype = jnp.dtype(c.dtype)
 
     def mm(a, w):
-        # Weights are gathered per tile in their own (master) dtype and cast after: the gather's
-        # gradient sums the tiles of an expert in float32, not in the compute dtype.
-        a = a.astype(dtype)
         if c.quant == "mxfp8":  # per tile = per group: tiles start on group (and block) bounds
             from c2.quant import mxfp8
 
             return mxfp8.mxfp8_tiled_grouped_dot(
-                a, w, tile_group, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl
+                a.astype(dtype), w, tile_group, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl
             )
-        return einsum_f32("tmk,tkn->tmn", a, w[tile_group].astype(dtype)).astype(dtype)
+        return _tile_dot(a, w, tile_group, dtype)
 
     h = jax.nn.silu(mm(xt, p["w_gate"])) * mm(xt, p["w_up"])
     yt = mm(h, p["w_down"]).reshape(n_tiles * tile, H)
-    return jnp.where(valid[:, None], yt[jnp.minimum(dest, n_tiles * tile - 1)], 0)
+    return take_rows(yt, dest, src)
 
 
 def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
@@ -172,21 +224,55 @@ def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
     return _ragged(h, p["w_down"], group_sizes_G, c)
 
 
+def _cpu_tiled_rows(n_rows: int, n_groups: int, tile: int = CPU_TILE) -> int:
+    """Rows the CPU tiled grouped matmul computes for n_rows sorted rows (padding included)."""
+    return -(-(n_rows + n_groups * (tile - 1)) // tile) * tile
+
+
+def _all_experts_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
+    """Every expert on every token, then each token's chosen experts taken and combined as in
+    `_dispatch_local`: the same per-row products and the same combine. On the CPU at a few
+    tokens (a decode step: T*E rows where the tiles would compute ~E*CPU_TILE) this is the
+    cheaper layout, and it needs no sort, gather or scatter."""
+    dtype = jnp.dtype(c.dtype)
+    x = x_TH.astype(dtype)
+
+    def mm(spec, a, w):
+        return einsum_f32(spec, a, w.astype(dtype)).astype(dtype)
+
+    # Batched over experts, x broadcast ([E, T, H] is smaller than the weights at a few tokens):
+    # "th,ehi" would transpose (copy) every expert's weights on each call.
+    xe = jnp.broadcast_to(x, (p["w_gate"].shape[0], *x.shape))
+    h = jax.nn.silu(mm("eth,ehi->eti", xe, p["w_gate"])) * mm("eth,ehi->eti", xe, p["w_up"])
+    y_ETH = mm("eti,eih->eth", h, p["w_down"])
+    y_TKH = y_ETH[idx_TK, jnp.arange(x.shape[0])[:, None]]
+    return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_TKH.dtype))
+
+
 def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
     """Dropless: sort (token, slot) pairs by expert, grouped matmuls, unsort, weight by gates.
 
     `pairs` (from the router-replay kernel) carries the sorted order, its inverse and the counts.
     """
     T, K = idx_TK.shape
+    E = p["w_gate"].shape[0]
+    all_experts_rows, tiled_rows = T * E, _cpu_tiled_rows(T * K, E)
+    few_tokens = all_experts_rows <= tiled_rows
+    if jax.default_backend() == "cpu" and c.quant != "mxfp8" and few_tokens:
+        # Few tokens (decoding): every expert on every token is fewer rows than whole tiles.
+        return _all_experts_local(x_TH, idx_TK, gates_TK, p, c)
     if pairs is None:
         flat = idx_TK.reshape(-1)
         order = jnp.argsort(flat, stable=True)
+        unsort = jnp.zeros_like(order).at[order].set(jnp.arange(T * K, dtype=order.dtype))
         sizes = jnp.bincount(flat, length=p["w_gate"].shape[0]).astype(jnp.int32)
-        y = grouped_mlp(x_TH[order // K], p, sizes, c)
-        y_TKH = jnp.zeros_like(y).at[order].set(y).reshape(T, K, -1)
     else:
-        y = grouped_mlp(x_TH[pairs.sort_idx // K], p, pairs.counts_E, c)
-        y_TKH = y[pairs.unsort_idx].reshape(T, K, -1)
+        order, unsort, sizes = pairs.sort_idx, pairs.unsort_idx, pairs.counts_E
+    # Each token's row once per slot, then permutations by gathers both ways (take_rows): the
+    # gradient of x[order // K] would be a scatter-add.
+    x_NH = jnp.broadcast_to(x_TH[:, None], (T, K, x_TH.shape[-1])).reshape(T * K, -1)
+    y = grouped_mlp(take_rows(x_NH, order, unsort), p, sizes, c)
+    y_TKH = take_rows(y, unsort, order).reshape(T, K, -1)
     return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
 
 

@@ -47,6 +47,13 @@ def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routin
     return x, stats, cache
 
 
+def _unroll_layers() -> bool:
+    """Unroll the layer scan on the CPU: XLA:CPU's while loop copies the stacked residuals of
+    the backward pass and zero-fills their buffers every step (BENCHMARKS.md); the CPU runs
+    only small models, so compile time stays small. Other backends keep the rolled loop."""
+    return jax.default_backend() == "cpu"
+
+
 def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache):
     """Scan a stack of identical layers; routing and cache are sliced per layer."""
 
@@ -61,7 +68,9 @@ def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache
     if c.remat:
         body = jax.checkpoint(body, prevent_cse=False)
     kv_stack = None if cache is None else {k: v for k, v in cache.items() if k != "pos"}
-    x, (stats, kv_stack) = jax.lax.scan(body, x, (layers, routing, kv_stack))
+    x, (stats, kv_stack) = jax.lax.scan(
+        body, x, (layers, routing, kv_stack), unroll=_unroll_layers()
+    )
     return x, stats, kv_stack
 
 
