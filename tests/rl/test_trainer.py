@@ -134,7 +134,10 @@ def test_sigkill_mid_run_then_resume_trains_each_prompt_once(tmp_path, sandbox_o
     )
     deadline = time.time() + 600
     while time.time() < deadline and proc.poll() is None:
-        if len(read_metrics(workdir / "metrics.jsonl")) >= 3:  # a checkpoint (2) and a step more
+        # a committed checkpoint (orbax renames step 2's directory into place when it is
+        # complete) and a step after it
+        committed = (workdir / "checkpoints" / "2").is_dir()
+        if committed and len(read_metrics(workdir / "metrics.jsonl")) >= 3:
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
