@@ -45,7 +45,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     s = einsum_f32("btkgd,bskd->bkgts", qg, k) * scale
     s = jnp.where(mask[:, None, None], s, NEG_INF)
     p = jax.nn.softmax(s, axis=-1)
-    o = einsum_f32("bkgts,bskd->btkgd", p.astype(v.dtype), v)
+    # Output in the dot's natural layout, then transposed: asking the einsum for "btkgd" makes
+    # XLA:CPU fall back to a slow generic dot, in the forward pass and in the backward.
+    o = einsum_f32("bkgts,bskd->bkgtd", p.astype(v.dtype), v).transpose(0, 3, 1, 2, 4)
     return o.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
 
 
@@ -122,7 +124,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     mask = _cache_mask(pos, x.shape[1], lat.shape[1])
     s = jnp.where(mask[:, None], s, NEG_INF)
     prob = jax.nn.softmax(s, axis=-1).astype(x.dtype)
-    o_lat = einsum_f32("bnts,bsr->btnr", prob, lat)
+    o_lat = einsum_f32("bnts,bsr->bntr", prob, lat).transpose(0, 2, 1, 3)  # see attend
     o = einsum_f32("btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv).astype(x.dtype)
     return linear(o, p["wo"], c, n_in=2), cache
 
