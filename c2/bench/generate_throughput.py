@@ -74,15 +74,22 @@ def heldout_prompts(batch: int, prompt_len: int, vocab_size: int) -> np.ndarray:
         raise ValueError(f"byte prompts need vocab_size >= {tok.vocab_size}, got {vocab_size}")
     docs = load_corpus("stdlib").documents("heldout")
     out = []
-    for i in range(len(docs)):
-        ids = tok.encode_array(docs[i]["text"])
-        if len(ids) < 4 * prompt_len:
-            continue
-        start = int(np.flatnonzero(ids[len(ids) // 2 :] == ord("\n"))[0]) + len(ids) // 2 + 1
-        out.append(ids[start : start + prompt_len])
-        if len(out) == batch:
-            return np.stack(out)
-    raise ValueError(f"only {len(out)} held-out documents are long enough for {batch} prompts")
+    # A line start at the half of each long document, then (for large batches) at its other
+    # quarters: a prompt per document first, more per document only when they run out.
+    for fraction in (2, 4, 4 / 3):
+        for i in range(len(docs)):
+            ids = tok.encode_array(docs[i]["text"])
+            if len(ids) < 4 * prompt_len:
+                continue
+            at = int(len(ids) / fraction)
+            lines = np.flatnonzero(ids[at:] == ord("\n"))
+            start = at + int(lines[0]) + 1 if len(lines) else at
+            if start + prompt_len > len(ids):
+                continue
+            out.append(ids[start : start + prompt_len])
+            if len(out) == batch:
+                return np.stack(out)
+    raise ValueError(f"only {len(out)} held-out prompts of {prompt_len} tokens for {batch}")
 
 
 def interleaved(runs: dict, repeats: int, pause: float = 0.2) -> dict:
