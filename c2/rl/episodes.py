@@ -282,7 +282,8 @@ class EpisodeRunner:
                 for f in finished:
                     kind, ep = futures.pop(f)
                     error = None if f.cancelled() else f.exception()
-                    if ep.dropped:
+                    if ep.dropped:  # its tools may have written after the drop: clear again
+                        shutil.rmtree(ep.ep.workspace, ignore_errors=True)
                         continue
                     if error is not None:
                         drop(ep)
