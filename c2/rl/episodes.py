@@ -428,16 +428,9 @@ class EpisodeRunner:
             )
         if not self.config.keep_workspaces:
             shutil.rmtree(ep.workspace, ignore_errors=True)
-        c = self.config
-        return Sample(
-            prompt_id=req.prompt_id,
-            group_id=req.group_id,
-            sample_index=req.sample_index,
-            task_id=req.task.task_id,
+        return self._sample(
+            req,
             **traj_fields,
-            temperature=float(c.temperature),
-            top_p=float(c.top_p),
-            top_k=int(c.top_k),
             reward_terms=terms,
             effort=effort,
             passed=record.passed,
@@ -464,16 +457,9 @@ class EpisodeRunner:
     def _failed_sample(self, req: EpisodeRequest, reason: str) -> Sample:
         """An episode that raised on every attempt: its prompt, nothing to train, reward 0."""
         prompt = self.chat.prompt(task_system_prompt(req.task), req.task.instruction)
-        c = self.config
-        return Sample(
-            prompt_id=req.prompt_id,
-            group_id=req.group_id,
-            sample_index=req.sample_index,
-            task_id=req.task.task_id,
+        return self._sample(
+            req,
             **_untrained(prompt, self.engine.cfg),
-            temperature=float(c.temperature),
-            top_p=float(c.top_p),
-            top_k=int(c.top_k),
             reward_terms={
                 "task": 0.0,
                 "style": 0.0,
@@ -485,6 +471,20 @@ class EpisodeRunner:
             stop_reason="rollout_error",
             failure_reason=reason,
             info={"episode_id": f"{req.group_id}-{req.sample_index}", "turns": 0},
+        )
+
+    def _sample(self, req: EpisodeRequest, **fields) -> Sample:
+        """A Sample of `req`, with the sampling settings its tokens were drawn under."""
+        c = self.config
+        return Sample(
+            prompt_id=req.prompt_id,
+            group_id=req.group_id,
+            sample_index=req.sample_index,
+            task_id=req.task.task_id,
+            temperature=float(c.temperature),
+            top_p=float(c.top_p),
+            top_k=int(c.top_k),
+            **fields,
         )
 
 
