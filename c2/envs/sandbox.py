@@ -45,6 +45,8 @@ _ETC_PASSWD = f"root:x:0:0:root:/root:/bin/sh\nnobody:x:{SANDBOX_UID}:{SANDBOX_U
 _ETC_GROUP = f"root:x:0:\nnogroup:x:{SANDBOX_UID}:\n"
 # What shells and Python print when RLIMIT_FSIZE stops a write (SIGXFSZ / EFBIG).
 _FSIZE_MESSAGES = (b"File size limit exceeded", b"File too large")
+_ETC_HOSTS = "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "localtime")
 
 
@@ -136,9 +138,10 @@ class Sandbox:
         self.limits = limits or SandboxLimits()
         self.isolation: Isolation = probe(backend)
         self.runtime_paths = list(runtime_paths or python_runtime_paths())
+        self._base_runtime = [p for p in self.runtime_paths if not _is_venv(p)]
         venv_bin = os.path.join(sys.prefix, "bin")
         self.env = {
-            "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+            "PATH": f"{venv_bin}:{_SYSTEM_PATH}",
             "HOME": "/tmp",
             "TMPDIR": "/tmp",
             "LANG": "C.UTF-8",
@@ -167,7 +170,15 @@ class Sandbox:
 
     # ---------------------------------------------------------------- command line assembly
 
-    def _bwrap_args(self, workdir, mount_at, readonly, binds, env, limits, fds) -> list[str]:
+    def _runtime(self, python_env: str | None) -> list[str]:
+        """What is mounted for Python: c2's environment, or a task's (and its base interpreter)."""
+        if python_env is None:
+            return self.runtime_paths
+        return [python_env, *(p for p in self._base_runtime if p != python_env)]
+
+    def _bwrap_args(
+        self, workdir, mount_at, readonly, binds, env, limits, fds, python_env=None
+    ) -> list[str]:
         iso = self.isolation
         a = [iso.bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
         a += ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
@@ -201,7 +212,10 @@ class Sandbox:
         a += ["--perms", "1777", "--size", str(limits.tmp_mb << 20), "--tmpfs", "/dev/shm"]
         # The runtime after the private /tmp: a venv that lives under the host's /tmp stays visible.
         made = {"/usr", "/etc", "/tmp", "/dev", "/proc"}
-        for p in self.runtime_paths:
+        # A private /etc/hosts: localhost resolves (servers and torch.distributed bind to it).
+        fds.append(_pipe_with(_ETC_HOSTS.encode()))
+        a += ["--perms", "0644", "--ro-bind-data", str(fds[-1]), "/etc/hosts"]
+        for p in self._runtime(python_env):
             a += [*_dirs_for(p, made), "--ro-bind", p, p]
             made.add(p)
         a += [*_dirs_for(mount_at, made), "--ro-bind" if readonly else "--bind", workdir, mount_at]
@@ -217,7 +231,9 @@ class Sandbox:
             a += ["--inh-caps=-all", "--bounding-set=-all", "--"]
         return a
 
-    def _argv(self, command, workdir, mount_at, readonly, binds, env, limits, cgroup, fds):
+    def _argv(
+        self, command, workdir, mount_at, readonly, binds, env, limits, cgroup, fds, python_env=None
+    ):
         """wrapper (join the cgroup, set rlimits) -> [bwrap ... -> setpriv ->] command."""
         cpu = limits.cpu_limit_s
         rl = {"cpu": (cpu, cpu + 1), "core": 0, "fsize": limits.max_file_mb << 20}
@@ -227,7 +243,9 @@ class Sandbox:
         if isinstance(command, str):
             command = ["/bin/bash", "-c", command]
         if self.isolated:
-            inner = self._bwrap_args(workdir, mount_at, readonly, binds, env, limits, fds)
+            inner = self._bwrap_args(
+                workdir, mount_at, readonly, binds, env, limits, fds, python_env
+            )
         else:
             inner = []
             if self.isolation.host_uid != os.geteuid():
@@ -272,15 +290,22 @@ class Sandbox:
         readonly: bool = False,
         binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
         env: dict[str, str] | None = None,
+        python_env: str | os.PathLike | None = None,
     ) -> SandboxResult:
         """Run `command` (argv list, or a string for bash -c) over `workdir`, mounted at
-        `mount_at`. `binds` are extra (host path, sandbox path, writable) mounts."""
+        `mount_at`. `binds` are extra (host path, sandbox path, writable) mounts. `python_env` is a
+        task's environment (envcache.ensure_env): mounted read-only and first on PATH in place of
+        c2's own, which the command then cannot see."""
         limits = limits or self.limits
         workdir = Path(workdir)
         if not workdir.is_dir():
             raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
         workdir = workdir.resolve()
-        clash = [p for p in self.runtime_paths if _nested(p, mount_at)]
+        if python_env is not None:
+            python_env = os.path.realpath(python_env)
+            if not os.path.isfile(os.path.join(python_env, "pyvenv.cfg")):
+                raise SandboxError(f"python_env={python_env!r}: not a virtual environment")
+        clash = [p for p in self._runtime(python_env) if _nested(p, mount_at)]
         if self.isolated and (clash or _nested("/usr", mount_at) or mount_at in ("/", "/etc")):
             raise SandboxError(f"mount_at={mount_at!r} would cover the runtime {clash or '/usr'}")
         if not self.isolated and binds:
@@ -294,6 +319,9 @@ class Sandbox:
                 f"commands run as uid {self.isolation.host_uid}: call Sandbox.give_workspace first"
             )
         full_env = {**self.env, **(env or {})}
+        if python_env is not None:
+            full_env["PATH"] = f"{python_env}/bin:{_SYSTEM_PATH}"
+            full_env["VIRTUAL_ENV"] = python_env
         cgroups = self.isolation.cgroups
         cgroup = None
         if cgroups is not None:
@@ -306,7 +334,16 @@ class Sandbox:
         fds: list[int] = []
         try:
             argv = self._argv(
-                command, str(workdir), mount_at, readonly, binds, full_env, limits, cgroup, fds
+                command,
+                str(workdir),
+                mount_at,
+                readonly,
+                binds,
+                full_env,
+                limits,
+                cgroup,
+                fds,
+                python_env,
             )
             return self._execute(argv, workdir, limits, cgroup, fds, full_env, readonly)
         finally:
@@ -446,6 +483,10 @@ class Sandbox:
         if not self.isolated:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _is_venv(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "pyvenv.cfg"))
 
 
 def _nested(a: str, b: str) -> bool:
