@@ -181,6 +181,7 @@ def run_episode(
         run_limits=config.run_limits,
         max_run_timeout_s=config.max_run_timeout_s,
         max_observation_chars=config.max_observation_chars,
+        python_env=task.python_env(),
     )
     messages = [
         {"role": "system", "content": task_system_prompt(task)},

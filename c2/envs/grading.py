@@ -64,14 +64,17 @@ def run_hidden_tests(
 ) -> TestRun:
     """Run the task's hidden tests against `workspace` in a sandbox."""
     limits = _sandbox_limits(task, limits or sandbox.limits)
+    python_env = task.python_env()
     if task.grader == "harbor":
-        return _run_harbor(task, workspace, sandbox, limits)
-    if task.grader == "functions":
-        return runner_outcomes(
-            task.tests_dir, workspace, sandbox, limits=limits, mount_at=task.mount_at
-        )
-    return pytest_outcomes(
-        task.tests_dir, workspace, sandbox, limits=limits, mount_at=task.mount_at
+        return _run_harbor(task, workspace, sandbox, limits, python_env)
+    run = runner_outcomes if task.grader == "functions" else pytest_outcomes
+    return run(
+        task.tests_dir,
+        workspace,
+        sandbox,
+        limits=limits,
+        mount_at=task.mount_at,
+        python_env=python_env,
     )
 
 
@@ -82,6 +85,7 @@ def pytest_outcomes(
     *,
     limits: SandboxLimits,
     mount_at: str = "/workspace",
+    python_env: str | os.PathLike | None = None,
 ) -> TestRun:
     """Per-test outcomes of running `tests_dir` (mounted read-only at /grading/tests, so ids
     read "tests/test_x.py::test_y") against `workspace` (read-only at `mount_at`)."""
@@ -93,7 +97,9 @@ def pytest_outcomes(
         "C2_GRADING_OUT": "/grading/out/results.json",
     }
     script = (_PLUGIN, "/grading/grading_plugin.py")
-    return _sandboxed_outcomes(cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at)
+    return _sandboxed_outcomes(
+        cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at, python_env
+    )
 
 
 def runner_outcomes(
@@ -103,17 +109,22 @@ def runner_outcomes(
     *,
     limits: SandboxLimits,
     mount_at: str = "/workspace",
+    python_env: str | os.PathLike | None = None,
 ) -> TestRun:
     """`pytest_outcomes` for plain test functions, run by grading_runner.py without pytest
     (the "functions" grader: ~10x faster; same ids, same JSON, same reading)."""
-    cmd = ["python", "-I", "-S", "-B", "/grading/grading_runner.py", "/grading/tests", mount_at]
+    # -S (no site-packages) unless the task brings an environment whose packages it needs.
+    flags = ["-I", "-B"] if python_env is not None else ["-I", "-S", "-B"]
+    cmd = ["python", *flags, "/grading/grading_runner.py", "/grading/tests", mount_at]
     cmd.append("/grading/out/results.json")
     script = (_RUNNER, "/grading/grading_runner.py")
-    return _sandboxed_outcomes(cmd, script, {}, tests_dir, workspace, sandbox, limits, mount_at)
+    return _sandboxed_outcomes(
+        cmd, script, {}, tests_dir, workspace, sandbox, limits, mount_at, python_env
+    )
 
 
 def _sandboxed_outcomes(
-    cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at
+    cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at, python_env=None
 ) -> TestRun:
     """Run `cmd` with tests_dir at /grading/tests, `script` mounted, the workspace read-only;
     read the outcomes it writes to /grading/out/results.json."""
@@ -126,7 +137,14 @@ def _sandboxed_outcomes(
             (out, "/grading/out", True),
         ]
         r = sandbox.run(
-            cmd, workspace, limits=limits, mount_at=mount_at, readonly=True, binds=binds, env=env
+            cmd,
+            workspace,
+            limits=limits,
+            mount_at=mount_at,
+            readonly=True,
+            binds=binds,
+            env=env,
+            python_env=python_env,
         )
         data = _read_json(Path(out) / "results.json", 16 << 20)
     if not isinstance(data, dict) or not isinstance(data.get("outcomes"), dict):
@@ -155,7 +173,7 @@ def _read_json(path: Path, max_bytes: int):
         return None
 
 
-def _run_harbor(task, workspace, sandbox, limits) -> TestRun:
+def _run_harbor(task, workspace, sandbox, limits, python_env=None) -> TestRun:
     _need_namespaces(sandbox)
     with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
         (Path(out) / "verifier").mkdir()
@@ -167,6 +185,7 @@ def _run_harbor(task, workspace, sandbox, limits) -> TestRun:
             limits=limits,
             mount_at=task.mount_at,
             binds=binds,
+            python_env=python_env,
         )
         reward = _harbor_reward(Path(out) / "verifier")
     test_id = task.fail_to_pass[0]

@@ -13,7 +13,8 @@ is a collection error of that file, and then, as in pytest, no test runs at all.
 module-level function named test* is called: returning passes; raising (AssertionError,
 SystemExit, ...) fails; a test that needs arguments fails (pytest: fixture not found), so does
 an `async def`. Not supported: fixtures, classes, parametrize, marks, pytest itself (-S: no
-site-packages); a conftest.py is reported as a collection error rather than silently ignored.
+site-packages, unless the task names an environment); a conftest.py is reported as a collection
+error rather than silently ignored.
 """
 
 import os

@@ -82,6 +82,23 @@ class Task:
         return self.metadata.get("mount_at", "/workspace")
 
     @property
+    def requirements(self) -> list[str]:
+        """Packages the task's code and tests need (metadata "environment"); [] for none."""
+        return list(self.metadata.get("environment", {}).get("requirements", []))
+
+    def python_env(self) -> Path | None:
+        """The task's cached Python environment (built on first use), or None when it names no
+        requirements and runs on the sandbox's default Python."""
+        if not self.requirements:
+            return None
+        from c2.envs.envcache import ensure_env, pytest_requirement
+
+        reqs = self.requirements
+        if self.grader == "pytest" and not any(re.match(r"pytest\b", r) for r in reqs):
+            reqs = [*reqs, pytest_requirement()]
+        return ensure_env(reqs)
+
+    @property
     def test_timeout_s(self) -> float:
         return float(self.metadata.get("test_timeout_s", 120))
 
@@ -111,6 +128,13 @@ def validate_metadata(meta: Mapping, where: str) -> None:
         raise ValueError(
             f"{where}: metadata['prompt_style']={meta['prompt_style']!r}: "
             f"expected one of {PROMPT_STYLES}"
+        )
+    env = meta.get("environment", {})
+    reqs = env.get("requirements", []) if isinstance(env, Mapping) else None
+    if not isinstance(reqs, list) or not all(isinstance(r, str) and r.strip() for r in reqs):
+        raise ValueError(
+            f"{where}: metadata['environment']={env!r}: expected "
+            '{"requirements": [pip specifiers]}'
         )
     if meta.get("grader", "pytest") not in GRADERS:
         raise ValueError(

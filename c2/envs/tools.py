@@ -160,6 +160,7 @@ class Tools:
         max_run_timeout_s: float = 120.0,
         max_observation_chars: int = 8000,
         max_read_lines: int = 400,
+        python_env: str | os.PathLike | None = None,
     ):
         self.root = os.path.realpath(workspace)
         self.sandbox, self.mount_at = sandbox, mount_at.rstrip("/")
@@ -167,6 +168,7 @@ class Tools:
         self.max_run_timeout_s = max_run_timeout_s
         self.max_chars, self.max_read_lines = max_observation_chars, max_read_lines
         self.sandbox_results: list[SandboxResult] = []
+        self.python_env = python_env  # the task's environment (Task.python_env), else c2's
 
     def __call__(self, call: ToolCall | InvalidToolCall) -> ToolResult:
         if isinstance(call, InvalidToolCall):
@@ -305,6 +307,8 @@ class Tools:
         return ToolResult(r.exit_code == 0 and r.limit is None, "\n".join(parts), None, r)
 
     def _sandboxed(self, command, limits) -> SandboxResult:
-        r = self.sandbox.run(command, self.root, limits=limits, mount_at=self.mount_at)
+        r = self.sandbox.run(
+            command, self.root, limits=limits, mount_at=self.mount_at, python_env=self.python_env
+        )
         self.sandbox_results.append(r)
         return r

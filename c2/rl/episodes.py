@@ -321,6 +321,7 @@ class EpisodeRunner:
             run_limits=limits,
             max_run_timeout_s=c.run_timeout_s,
             max_observation_chars=c.max_observation_chars,
+            python_env=task.python_env(),
         )
         system = task_system_prompt(task)
         ep = Episode(episode_id, task.task_id, 0, workspace, [], [])

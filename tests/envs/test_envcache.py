@@ -72,3 +72,49 @@ def test_killed_build_is_rebuilt_and_bad_input_is_named(tmp_path):
 def test_python_env_must_be_a_venv(tmp_path, sandbox: Sandbox):
     with pytest.raises(SandboxError, match="not a virtual environment"):
         sandbox.run(["true"], tmp_path, readonly=True, python_env=tmp_path)
+
+
+def test_task_environment_reaches_tools_and_grading(tmp_path, sandbox: Sandbox, monkeypatch):
+    from c2.envs.grading import run_hidden_tests
+    from c2.envs.tasks import write_task
+    from c2.envs.tools import ToolCall, Tools
+
+    wheel = _local_package(tmp_path, version="1.7")
+    cache = tmp_path / "cache"
+    ensure_env([str(wheel)], cache_dir=cache, pip_args=["--no-index"])
+    meta = {
+        "task_id": "env-probe",
+        "fail_to_pass": ["tests/test_probe.py::test_version"],
+        "pass_to_pass": [],
+        "difficulty": 1,
+        "seed": 0,
+        "source": "test",
+        "grader": "functions",
+        "environment": {"requirements": [str(wheel)]},
+    }
+    test = "import c2_probe_pkg, probe\n\ndef test_version():\n"
+    test += "    assert probe.v() == c2_probe_pkg.VERSION\n"
+    task = write_task(
+        tmp_path / "task",
+        instruction="make probe.v return the package version",
+        metadata=meta,
+        workspace={"probe.py": "def v():\n    return None\n"},
+        tests={"test_probe.py": test},
+        solution={"probe.py": "import c2_probe_pkg\n\ndef v():\n    return c2_probe_pkg.VERSION\n"},
+    )
+    monkeypatch.setenv("C2_ENV_CACHE", str(cache))  # the env built above, found by its key
+    env = task.python_env()
+    work = task.materialize(tmp_path / "ep")
+    sandbox.give_workspace(work)
+    tools = Tools(work, sandbox, python_env=env)
+    r = tools(
+        ToolCall("run", {"command": "python -c 'import c2_probe_pkg as p; print(p.VERSION)'"})
+    )
+    assert r.ok and "1.7" in r.content, r.content
+    tr = run_hidden_tests(task, work, sandbox)
+    assert tr.outcomes == {meta["fail_to_pass"][0]: "failed"}, (tr.error, tr.sandbox)
+    (work / "probe.py").write_text((task.solution_dir / "probe.py").read_text())
+    assert run_hidden_tests(task, work, sandbox).outcomes == {meta["fail_to_pass"][0]: "passed"}
+    bad = {**meta, "environment": {"requirements": "toolz"}}
+    with pytest.raises(ValueError, match="metadata\\['environment'\\]"):
+        write_task(tmp_path / "bad", instruction="x", metadata=bad, workspace={}, tests={})
