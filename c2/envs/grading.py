@@ -56,7 +56,8 @@ class GradeRecord:
 
 
 def _sandbox_limits(task: Task, base: SandboxLimits) -> SandboxLimits:
-    return dataclasses.replace(base, timeout_s=task.test_timeout_s, max_output_bytes=1 << 20)
+    limits = task.limits(base)  # a task's own memory / cpus / storage (Harbor: task.toml)
+    return dataclasses.replace(limits, timeout_s=task.test_timeout_s, max_output_bytes=1 << 20)
 
 
 def run_hidden_tests(

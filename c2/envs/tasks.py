@@ -102,6 +102,13 @@ class Task:
     def test_timeout_s(self) -> float:
         return float(self.metadata.get("test_timeout_s", 120))
 
+    def limits(self, base):
+        """`base` (a SandboxLimits) with the task's own resource limits in place of its defaults:
+        metadata "limits" holds SandboxLimits fields (a Harbor task's memory, cpus and storage
+        from its task.toml)."""
+        own = {k: v for k, v in self.metadata.get("limits", {}).items() if k != "timeout_s"}
+        return dataclasses.replace(base, **own) if own else base
+
     def materialize(self, dest: str | os.PathLike) -> Path:
         """A private copy of the workspace for one episode (symlinks copied as links)."""
         dest = Path(dest)
@@ -135,6 +142,16 @@ def validate_metadata(meta: Mapping, where: str) -> None:
         raise ValueError(
             f"{where}: metadata['environment']={env!r}: expected "
             '{"requirements": [pip specifiers]}'
+        )
+    limits = meta.get("limits", {})
+    fields = {"memory_mb", "cpus", "cpu_s", "max_processes", "max_file_mb", "max_open_files"}
+    fields |= {"max_output_bytes", "tmp_mb", "max_workspace_mb"}
+    if not isinstance(limits, Mapping) or not all(
+        k in fields and isinstance(v, int | float) and v > 0 for k, v in limits.items()
+    ):
+        raise ValueError(
+            f"{where}: metadata['limits']={limits!r}: expected positive numbers for "
+            f"SandboxLimits fields {sorted(fields)}"
         )
     if meta.get("grader", "pytest") not in GRADERS:
         raise ValueError(

@@ -7,7 +7,7 @@ import pytest
 
 from c2.envs.agents import noop_policy, oracle_policy
 from c2.envs.evaluate import evaluate
-from c2.envs.sources import UnsupportedTask, import_harbor, import_humaneval
+from c2.envs.sources import import_humaneval
 from c2.envs.tasks import load_task, load_tasks, write_task
 
 META = {
@@ -67,73 +67,6 @@ def test_bad_paths_and_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="no task directories"):
         load_tasks(tmp_path / "empty")
     assert not (tmp_path / "t").exists()  # a refused task leaves nothing behind
-
-
-def _harbor_dir(root, dockerfile, test_sh):
-    (root / "environment" / "data").mkdir(parents=True)
-    (root / "tests").mkdir()
-    (root / "solution").mkdir()
-    (root / "instruction.md").write_text("Make greet.py print the greeting from data/word.txt.\n")
-    (root / "task.toml").write_text(
-        'version = "1.0"\n[task]\nname = "demo/greet"\n[metadata]\ndifficulty = "easy"\n'
-        "[verifier]\ntimeout_sec = 30.0\n"
-    )
-    (root / "environment" / "Dockerfile").write_text(dockerfile)
-    (root / "environment" / "data" / "word.txt").write_text("hello\n")
-    (root / "environment" / "greet.py").write_text("print('bye')\n")
-    (root / "tests" / "test.sh").write_text(test_sh)
-    (root / "solution" / "solve.sh").write_text(
-        "cat > /app/greet.py <<'EOF'\nprint(open('/app/data/word.txt').read().strip())\nEOF\n"
-    )
-    return root
-
-
-GOOD_TEST_SH = """#!/bin/bash
-cd /app
-if [ "$(python greet.py)" = "hello" ]; then echo 1 > /logs/verifier/reward.txt
-else echo 0 > /logs/verifier/reward.txt; fi
-"""
-
-
-def test_harbor_import_and_grading(tmp_path, sandbox):
-    src = _harbor_dir(
-        tmp_path / "src",
-        "FROM python:3.11-slim\nWORKDIR /app\nCOPY data/ /app/data/\nCOPY greet.py ./\n"
-        'CMD ["bash"]\n',
-        GOOD_TEST_SH,
-    )
-    task = import_harbor(src, tmp_path / "tasks")
-    assert task.task_id == "harbor-demo-greet" and task.grader == "harbor"
-    assert task.mount_at == "/app" and task.test_timeout_s == 30.0
-    assert task.metadata["difficulty"] == "easy"
-    assert (task.workspace_dir / "greet.py").read_text() == "print('bye')\n"
-    assert (task.workspace_dir / "data" / "word.txt").read_text() == "hello\n"
-    records = {
-        agent.__name__: evaluate([task], agent, sandbox=sandbox, workers=1)[0]
-        for agent in (oracle_policy, noop_policy)
-    }
-    assert records["oracle_policy"].passed
-    assert not records["noop_policy"].passed
-    assert records["noop_policy"].correctness["fail_to_pass"] == {"tests/test.sh": False}
-
-
-@pytest.mark.parametrize(
-    "dockerfile, test_sh, message",
-    [
-        ("FROM python\nRUN pip install numpy\n", GOOD_TEST_SH, "Dockerfile step RUN needs Docker"),
-        ("FROM python\nWORKDIR /app\nCOPY greet.py /etc/\n", GOOD_TEST_SH, "outside WORKDIR"),
-        (
-            "FROM python\n",
-            "#!/bin/bash\ncurl -LsSf https://x.sh | sh\n",
-            "line 2 needs the network",
-        ),
-        ("FROM python\n", "#!/bin/bash\nuvx pytest /tests\n", "needs the network"),
-    ],
-)
-def test_harbor_tasks_that_need_docker_are_refused(tmp_path, dockerfile, test_sh, message):
-    src = _harbor_dir(tmp_path / "src", dockerfile, test_sh)
-    with pytest.raises(UnsupportedTask, match=message):
-        import_harbor(src, tmp_path / "tasks")
 
 
 def test_humaneval_source(tmp_path, sandbox):
