@@ -8,6 +8,13 @@ keeps only those that make at least one test fail while the others still pass, o
 function for the agent to implement.
 
     python -m c2.envs.generate --out DIR --n N --seed S [--split train] [--levels 1,2,3,feature]
+
+With --source, tasks are mined from a real package and its own test suite instead (mined.py):
+
+    python -m c2.envs.generate --source pypi:NAME==VERSION --out DIR --n N --seed S
+    python -m c2.envs.generate --source DIR --out OUT --n N --seed S [--requirements a,b]
+    python -m c2.envs.generate --source default [--split train|eval] --out DIR --n N --seed S
+      (N tasks per package of mined.DEFAULT_SET, under DIR/train and DIR/eval)
 """
 
 from __future__ import annotations
@@ -325,14 +332,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--split", choices=("train", "eval"), default="train")
+    parser.add_argument("--split", choices=("train", "eval"), default=None)
     parser.add_argument("--levels", default=",".join(LEVELS), help="comma-separated: 1,2,3,feature")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--source",
+        default=None,
+        help="mine a real package: pypi:NAME==VERSION, a local checkout DIR, or `default` "
+        "(the pinned default set; --split picks train or eval packages, --n is per package)",
+    )
+    parser.add_argument(
+        "--requirements",
+        default="",
+        help="with --source: extra pip requirements its tests need (comma-separated)",
+    )
     args = parser.parse_args(argv)
     levels = [x.strip() for x in args.levels.split(",") if x.strip()]
     bad = [x for x in levels if x not in LEVELS]
     if bad or args.n < 1:
         parser.error(f"--levels {bad} / --n {args.n}: expected levels from {LEVELS} and n >= 1")
+    if args.source is not None:
+        return _main_mined(args, levels)
+    args.split = args.split or "train"
     tasks = generate(
         args.out, n=args.n, seed=args.seed, split=args.split, levels=levels, workers=args.workers
     )
@@ -345,6 +366,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         json.dumps({"n": len(tasks), "out": str(args.out), "split": args.split, "seed": args.seed})
     )
     return 0
+
+
+def _main_mined(args, levels: list[str]) -> int:
+    from c2.envs import mined
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    reqs = [r.strip() for r in args.requirements.split(",") if r.strip()]
+    try:
+        if args.source == "default":
+            report = mined.generate_default(
+                args.out,
+                n=args.n,
+                seed=args.seed,
+                split=args.split,
+                levels=levels,
+                workers=args.workers,
+                log=log,
+            )
+            n = sum(len(r["tasks"]) for r in report.values())
+            print(json.dumps({"n": n, "out": str(args.out), "seed": args.seed, "sources": report}))
+            return 0
+        tasks = mined.generate_mined(
+            args.source,
+            args.out,
+            n=args.n,
+            seed=args.seed,
+            levels=levels,
+            workers=args.workers,
+            requirements=reqs,
+            split=args.split,
+            log=log,
+        )
+    except mined.SourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for t in tasks:
+        m = t.metadata
+        print(
+            f"{t.task_id}\t{m['kind']}\tlevel {m['level']}\tf2p {len(m['fail_to_pass'])}\t"
+            f"lines {m['solution_lines_changed']}\t{','.join(m['symbols'])}"
+        )
+    print(
+        json.dumps(
+            {"n": len(tasks), "out": str(args.out), "source": args.source, "seed": args.seed}
+        )
+    )
+    return 0 if tasks else 1
 
 
 if __name__ == "__main__":
