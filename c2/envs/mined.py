@@ -62,6 +62,7 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import threading
 import time
 import tomllib
 import zipfile
@@ -501,10 +502,19 @@ def _collect_error_files(run: TestRun, tests: dict[str, bytes]) -> list[str]:
 
 # ---------------------------------------------------------------------- candidates
 
+# CPython 3.11's ast.parse is not thread-safe ("AST constructor recursion depth mismatch" when
+# two threads parse at once): tasks are built in threads, so every parse here takes this lock.
+_AST_LOCK = threading.Lock()
+
+
+def _parse(source: str) -> ast.Module:
+    with _AST_LOCK:
+        return ast.parse(source)
+
 
 def _doc_functions(source: str):
     """(qualname, node) of top-level functions and methods (one class level)."""
-    tree = ast.parse(source)
+    tree = _parse(source)
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             yield node.name, node
@@ -637,7 +647,7 @@ class _Builder:
             if mods:
                 text = m.apply(self.source.text(m.file))
                 try:
-                    ast.parse(text)
+                    _parse(text)
                 except SyntaxError:
                     text = None
                 if text is not None:
@@ -716,7 +726,7 @@ def _test_snippet(source: Source, test_id: str, max_lines: int = 8) -> str | Non
         return None
     text = source.tests[rel].decode(errors="replace")
     try:
-        tree = ast.parse(text)
+        tree = _parse(text)
     except SyntaxError:
         return None
     scope = tree.body
