@@ -1,8 +1,15 @@
 """Attention: MLA (DeepSeek-V3 / Kimi-K2) and GQA with q/k norm (Qwen3-MoE).
 
-Training path: full sequences with packed documents (segment ids) and causal masking. Context
-parallelism splits `seq` over the `context` mesh axis; keys and values are all-gathered over it
-(sharding constraints), queries stay local.
+Training path: full sequences with packed documents (segment ids) and causal masking, by one of
+`ModelConfig.attention_impl` (`self_attention`):
+  dense: float32 scores [B, heads, T, S]. Context parallelism splits `seq` over the `context` mesh
+    axis; keys and values are all-gathered over it (sharding constraints), queries stay local.
+  blockwise: flash-style attention in O(T) memory (c2/model/flash.py) inside a shard_map, ring
+    attention over the `context` axis (c2/model/ring.py).
+  cudnn: jax.nn.dot_product_attention(implementation="cudnn") on GPU (bf16/fp16); MLA's v head
+    dim is zero-padded to the q/k head dim. The document mask is passed as a [B, 1, T, S] mask,
+    so this is a speed choice for moderate lengths, not a memory one. Elsewhere: blockwise.
+  auto (default): dense up to `attention_dense_max_len` tokens, blockwise beyond.
 Cached path (prefill / decode): one KV cache row per sequence, written at that row's position.
 MLA caches only the compressed latent and the rope key, and attends in the latent space
 (the up-projection is absorbed into the query and the output).
@@ -14,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from c2.model import flash
 from c2.model.config import ModelConfig
 from c2.model.layers import (
     apply_rope,
@@ -23,6 +31,7 @@ from c2.model.layers import (
     rope_cos_sin,
     softmax_scale,
 )
+from c2.model.ring import context_attention
 from c2.sharding import constrain
 
 NEG_INF = -1e30  # finite, so fully-masked rows (padding) give a uniform softmax, not NaN
@@ -49,6 +58,82 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: flo
     # XLA:CPU fall back to a slow generic dot, in the forward pass and in the backward.
     o = einsum_f32("bkgts,bskd->bkgtd", p.astype(v.dtype), v).transpose(0, 3, 1, 2, 4)
     return o.reshape(B, T, N, v.shape[-1]).astype(q.dtype)
+
+
+def resolve_attention_impl(c: ModelConfig, seq_len: int) -> str:
+    """The implementation `self_attention` uses for `seq_len` query tokens: dense, blockwise or
+    cudnn ("auto" by length; "cudnn" only on GPU, blockwise elsewhere)."""
+    impl = c.attention_impl
+    if impl == "auto":
+        return "dense" if seq_len <= c.attention_dense_max_len else "blockwise"
+    if impl == "cudnn" and jax.default_backend() != "gpu":
+        return "blockwise"
+    return impl
+
+
+def cudnn_attend(q, k, v, segment_ids, scale: float) -> jax.Array:
+    """cuDNN flash attention (GPU, bf16/fp16): causal, documents masked by segment id.
+
+    jax.nn.dot_product_attention needs one head dim for q, k and v: MLA's smaller v head dim is
+    zero-padded up to the q/k one (the extra output columns are zeros and are sliced off; their
+    gradient is zero), a larger one pads q and k (zero columns add nothing to the scores)."""
+    d, dv = q.shape[-1], v.shape[-1]
+    pad = lambda x, n: jnp.pad(x, [(0, 0)] * 3 + [(0, n - x.shape[-1])])  # noqa: E731
+    if dv < d:
+        v = pad(v, d)
+    elif dv > d:
+        q, k = pad(q, dv), pad(k, dv)
+    mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    o = jax.nn.dot_product_attention(
+        q, k, v, mask=mask, scale=scale, is_causal=True, implementation="cudnn"
+    )
+    return o[..., :dv]
+
+
+def self_attention(q, k, v, segment_ids, scale: float, c: ModelConfig, mesh, kv_heads: str):
+    """Causal self-attention of a packed batch: q [B,T,N,d], k [B,T,Kh,d], v [B,T,Kh,dv] ->
+    [B,T,N,dv], by `resolve_attention_impl`. `kv_heads` is k/v's logical heads axis."""
+    impl = resolve_attention_impl(c, q.shape[1])
+    if impl == "cudnn" and q.dtype not in (jnp.bfloat16, jnp.float16):
+        impl = "blockwise"  # cuDNN flash attention is half precision only
+    if impl == "blockwise":
+        return context_attention(
+            q,
+            k,
+            v,
+            segment_ids,
+            scale=scale,
+            mesh=mesh,
+            kv_heads=kv_heads,
+            block_q=c.attention_block_q,
+            block_kv=c.attention_block_kv,
+        )
+    q = constrain(q, mesh, ("batch", "seq", "heads", None))
+    k = constrain(k, mesh, ("batch", None, kv_heads, None))  # all-gather over context
+    v = constrain(v, mesh, ("batch", None, kv_heads, None))
+    k_seg = constrain(segment_ids, mesh, ("batch", None))
+    if impl == "cudnn":
+        return cudnn_attend(q, k, v, k_seg, scale)
+    idx = jnp.broadcast_to(jnp.arange(q.shape[1]), segment_ids.shape)
+    mask = attention_mask(segment_ids, k_seg, idx, constrain(idx, mesh, ("batch", None)))
+    return attend(q, k, v, mask, scale)
+
+
+def _cache_blockwise(c: ModelConfig, T: int) -> bool:
+    """Prefill of a long prompt attends the cache in blocks too (decode steps stay dense)."""
+    return T > 1 and resolve_attention_impl(c, T) != "dense"
+
+
+def _cache_flash(q, k, v, pos, scale: float, c: ModelConfig) -> jax.Array:
+    """Blockwise attention over a cache: query t of row b at pos[b] + t sees slots <= itself."""
+    B, T = q.shape[:2]
+    S = k.shape[1]
+    ones_q, ones_k = jnp.ones((B, T), jnp.int32), jnp.ones((B, S), jnp.int32)
+    q_idx = pos[:, None] + jnp.arange(T, dtype=jnp.int32)[None]
+    k_idx = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+    return flash.flash_attention(
+        q, k, v, ones_q, ones_k, q_idx, k_idx, scale, c.attention_block_q, c.attention_block_kv
+    )
 
 
 def _write_cache(buf: jax.Array, new: jax.Array, pos: jax.Array) -> jax.Array:
@@ -100,13 +185,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         )
         v = kv[..., c.qk_nope_head_dim :]
         q = jnp.concatenate([q_nope, q_rope], -1)
-        q = constrain(q, mesh, ("batch", "seq", "heads", None))
-        k = constrain(k, mesh, ("batch", None, "heads", None))  # all-gather over context
-        v = constrain(v, mesh, ("batch", None, "heads", None))
-        idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-        k_seg = constrain(segment_ids, mesh, ("batch", None))
-        mask = attention_mask(segment_ids, k_seg, idx, constrain(idx, mesh, ("batch", None)))
-        o = attend(q, k, v, mask, scale)
+        o = self_attention(q, k, v, segment_ids, scale, c, mesh, "heads")
         return linear(o, p["wo"], c, n_in=2), None
 
     pos = cache["pos"]
@@ -117,6 +196,13 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     )
     lat, kr = cache["latent"].astype(x.dtype), cache["k_rope"].astype(x.dtype)
     q_lat = einsum_f32("btnd,rnd->btnr", q_nope, w_uk)
+    if _cache_blockwise(c, x.shape[1]):
+        # MQA in the latent space: one shared key [latent, rope key], value = latent.
+        qc = jnp.concatenate([q_lat.astype(x.dtype), q_rope], -1)
+        kc = jnp.concatenate([lat, kr], -1)[:, :, None]
+        o_lat = _cache_flash(qc, kc, lat[:, :, None], pos, scale, c)
+        o = einsum_f32("btnr,rnv->btnv", o_lat, w_uv).astype(x.dtype)
+        return linear(o, p["wo"], c, n_in=2), cache
     s = (
         einsum_f32("btnr,bsr->bnts", q_lat.astype(x.dtype), lat)
         + einsum_f32("btnd,bsd->bnts", q_rope, kr)
@@ -142,17 +228,15 @@ def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     k = apply_rope(k, cos, sin, interleave=False)
     scale = softmax_scale(c)
     if cache is None:
-        q = constrain(q, mesh, ("batch", "seq", "heads", None))
-        k = constrain(k, mesh, ("batch", None, "kv_heads", None))
-        v = constrain(v, mesh, ("batch", None, "kv_heads", None))
-        idx = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
-        k_seg = constrain(segment_ids, mesh, ("batch", None))
-        mask = attention_mask(segment_ids, k_seg, idx, constrain(idx, mesh, ("batch", None)))
-        return linear(attend(q, k, v, mask, scale), p["wo"], c, n_in=2), None
+        o = self_attention(q, k, v, segment_ids, scale, c, mesh, "kv_heads")
+        return linear(o, p["wo"], c, n_in=2), None
     pos = cache["pos"]
     cache = dict(cache, k=_write_cache(cache["k"], k, pos), v=_write_cache(cache["v"], v, pos))
-    mask = _cache_mask(pos, x.shape[1], cache["k"].shape[1])
-    o = attend(q, cache["k"].astype(x.dtype), cache["v"].astype(x.dtype), mask, scale)
+    ck, cv = cache["k"].astype(x.dtype), cache["v"].astype(x.dtype)
+    if _cache_blockwise(c, x.shape[1]):
+        o = _cache_flash(q, ck, cv, pos, scale, c)
+    else:
+        o = attend(q, ck, cv, _cache_mask(pos, x.shape[1], ck.shape[1]), scale)
     return linear(o, p["wo"], c, n_in=2), cache
 
 

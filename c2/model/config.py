@@ -78,6 +78,15 @@ class ModelConfig:
     # Expert-parallel token exchange: ragged_all_to_all (GPU/TPU) or a padded all_to_all.
     expert_exchange: Literal["auto", "ragged", "padded"] = "auto"
     remat: bool = False
+    # Training-path attention (c2/model/attention.py). "dense" materialises float32 scores
+    # [B, heads, T, S]; "blockwise" is flash-style (c2/model/flash.py: online softmax over K/V
+    # blocks, recompute backward, O(T) memory) and, with a context axis, ring attention
+    # (c2/model/ring.py); "cudnn" is jax.nn.dot_product_attention(implementation="cudnn") on GPU
+    # (blockwise elsewhere); "auto" is dense up to attention_dense_max_len tokens, blockwise beyond.
+    attention_impl: Literal["auto", "dense", "blockwise", "cudnn"] = "auto"
+    attention_block_q: int = 512
+    attention_block_kv: int = 512
+    attention_dense_max_len: int = 4096
 
     def __post_init__(self):
         _validate(self)
@@ -179,6 +188,14 @@ def _validate(c: ModelConfig) -> None:
             "None with expert_exchange='ragged' (the ragged exchange is dropless)",
         )
     need(c.mtp_depth >= 0, "mtp_depth", c.mtp_depth, ">= 0")
+    need(
+        c.attention_impl in ("auto", "dense", "blockwise", "cudnn"),
+        "attention_impl",
+        c.attention_impl,
+        "auto, dense, blockwise or cudnn",
+    )
+    for f in ("attention_block_q", "attention_block_kv", "attention_dense_max_len"):
+        need(getattr(c, f) > 0, f, getattr(c, f), "> 0")
     need(
         c.expert_capacity_factor is None or c.expert_capacity_factor > 0,
         "expert_capacity_factor",
