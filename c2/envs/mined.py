@@ -763,7 +763,9 @@ def _few(ids: list[str], k: int = 2) -> str:
     return shown + (f" and {len(ids) - k} more" if len(ids) > k else "")
 
 
-def instruction(source: Source, level: str, found: _Found, rng: random.Random) -> str:
+def instruction(
+    source: Source, level: str, found: _Found, rng: random.Random, visible_tests: bool = True
+) -> str:
     """A short issue: the package, the symptom (failing tests, a reproduction), never the fix."""
     about = f"`{source.name}` {source.version}"
     if source.summary:
@@ -778,6 +780,8 @@ def instruction(source: Source, level: str, found: _Found, rng: random.Random) -
     bugs = [m for m in found.changes if m.kind != "removed_body"]
     modules = sorted({m.file for m in found.changes})
     rule = "Do not edit the tests; `python -m pytest -q tests` runs the visible ones."
+    if not visible_tests:
+        rule = "The tests that check this are not in the workspace; write your own checks."
     if level == "feature":
         m = stubs[0]
         text = rng.choice(
@@ -942,7 +946,8 @@ def _emit(source, miner, out, level, seed, index, found: _Found, rng) -> Task:
         "environment": {"requirements": source.requirements},
         "test_timeout_s": miner.test_timeout_s,
     }
-    text = instruction(source, level, found, rng)
+    visible = any(k.startswith("tests/") and _is_test_module(k) for k in workspace)
+    text = instruction(source, level, found, rng, visible)
     return _write_atomic(
         out / metadata["task_id"],
         instruction=text,
