@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from c2.quant import numerics
+from c2.quant import numerics, target
 from c2.quant.numerics import E4M3_MAX, ELEMENT_DTYPE, SCALE_DTYPE  # noqa: F401 (public)
 
 DEFAULT_BLOCK_SIZE = 32
@@ -160,7 +160,7 @@ def _normalize_axis(axis: int, ndim: int, name: str) -> int:
 def _dot_dtype() -> jnp.dtype:
     # Dequantised MXFP8 values have 4 significant bits: exact in bf16 (GPU/TPU tensor cores) and
     # in f32 (faster on XLA:CPU). Either way the products are exact and the sums are fp32.
-    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+    return jnp.float32 if target.backend() == "cpu" else jnp.bfloat16
 
 
 def _fake_quant(x: jnp.ndarray, bs: int, axis: int) -> jnp.ndarray:
@@ -342,10 +342,22 @@ def _ragged_bwd(bs, res, dy_NM):
     # dw[g] = x_g.T @ dy_g: contraction over each group's tokens, blocks restarting per group.
     x_t = _fake_quant_grouped(x_NK, group_sizes_G, bs)
     dy_t = _fake_quant_grouped(dy_NM, group_sizes_G, bs)
-    # The map w -> ragged_dot(x_t, w) is linear, so its vjp at any w is the grouped x_t.T @ dy_t.
-    _, ragged_vjp = jax.vjp(lambda w: _ragged_f32(x_t, w, group_sizes_G), w_GKM.astype(x_t.dtype))
-    (dw,) = ragged_vjp(dy_t.astype(jnp.float32))
+    dw = _grouped_xt_dy(x_t, dy_t, group_sizes_G)
     return dx.astype(x_NK.dtype), dw.astype(w_GKM.dtype), None
+
+
+def _grouped_xt_dy(x_NK, dy_NM, group_sizes_G):
+    """dw[g] = x_g.T @ dy_g [G, K, M]: one ragged GEMM whose contraction (the tokens) is split by
+    group, fed in the operands' own dtype (the dequantised MXFP8 images: bf16 on GPU/TPU, where it
+    runs at tensor-core rate) with float32 accumulation. Rows past sum(group_sizes) are ignored."""
+    dims = lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([0], [0]), ([], [])),
+        lhs_ragged_dimensions=[0],
+        rhs_group_dimensions=[],
+    )
+    return lax.ragged_dot_general(
+        x_NK, dy_NM, group_sizes_G, dims, preferred_element_type=jnp.float32
+    )
 
 
 _ragged.defvjp(_ragged_fwd, _ragged_bwd)
