@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 from c2 import sharding
 from c2.model.config import ModelConfig
 from c2.model.layers import einsum_f32, mlp
+from c2.quant import target
 
 # Router ---------------------------------------------------------------------------------------
 
@@ -66,7 +67,20 @@ def gate_weights(scores_TE: jax.Array, idx_TK: jax.Array, c: ModelConfig) -> jax
     return g * c.routed_scaling_factor
 
 
-def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True):
+def _per_device(fn, mesh: Mesh | None, n_in: int, n_out: int):
+    """`fn` over [T, ...] arrays run per device: T (batch-major tokens, sharded over the batch
+    axes then `context`) split over the mesh inside `jax.shard_map`, other axes replicated. A
+    Pallas call has no partitioning rule: outside shard_map XLA would gather its operands and run
+    the global call on every device."""
+    if mesh is None or mesh.size == 1:
+        return fn
+    tok = P((*sharding.BATCH_AXES, "context"))
+    return jax.shard_map(
+        fn, mesh=mesh, in_specs=(tok,) * n_in, out_specs=(tok,) * n_out, check_vma=False
+    )
+
+
+def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True, mesh=None):
     """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32, sorted pairs or None).
 
     With `router_impl="pallas"` the router-replay kernel (pallas_kernels/router_replay.py) gathers
@@ -76,7 +90,12 @@ def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True
     """
     logits = router_logits(x_TH, p)
     scores = _score(logits, c)
-    idx = select_experts(scores, p.get("router_bias"), c) if routing_TK is None else routing_TK
+    if routing_TK is None:  # top_k has no partitioning rule either: gathered outside shard_map
+        bias = p.get("router_bias")
+        select = _per_device(lambda s: (select_experts(s, bias, c),), mesh, 1, 1)
+        idx = select(scores)[0]
+    else:
+        idx = routing_TK
     idx = idx.astype(jnp.int32)
     if c.router_impl == "pallas":
         from pallas_kernels.router_replay import router_replay, router_replay_gates
@@ -87,7 +106,8 @@ def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True
             routed_scaling_factor=c.routed_scaling_factor,
         )
         if not sorted_pairs:
-            return idx, router_replay_gates(logits, idx, **kw), scores, None
+            gates_fn = _per_device(lambda lg, i: (router_replay_gates(lg, i, **kw),), mesh, 2, 1)
+            return idx, gates_fn(logits, idx)[0], scores, None
         pairs = router_replay(logits, idx, **kw)
         return idx, pairs.gates_TK, scores, pairs
     return idx, gate_weights(scores, idx, c), scores, None
@@ -215,7 +235,7 @@ def _tiled_grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig, tile: int):
 
 def grouped_mlp(x_NH, p, group_sizes_G, c: ModelConfig):
     """SwiGLU experts over rows sorted by expert: [N,H] -> [N,H]; rows past sum(sizes) give 0."""
-    if jax.default_backend() == "cpu":
+    if target.backend() == "cpu":
         return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=CPU_TILE)
     if c.quant == "mxfp8" and c.mxfp8_impl == "pallas":  # the grouped kernels' layout
         return _tiled_grouped_mlp(x_NH, p, group_sizes_G, c, tile=KERNEL_TILE)
@@ -258,7 +278,7 @@ def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
     E = p["w_gate"].shape[0]
     all_experts_rows, tiled_rows = T * E, _cpu_tiled_rows(T * K, E)
     few_tokens = all_experts_rows <= tiled_rows
-    if jax.default_backend() == "cpu" and c.quant != "mxfp8" and few_tokens:
+    if target.backend() == "cpu" and c.quant != "mxfp8" and few_tokens:
         # Few tokens (decoding): every expert on every token is fewer rows than whole tiles.
         return _all_experts_local(x_TH, idx_TK, gates_TK, p, c)
     if pairs is None:
@@ -290,50 +310,95 @@ def _dispatch_dense(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     return jnp.einsum("teh,te->th", y, combine.astype(dtype))
 
 
+# Dropless exchange buffers: each (source, destination) pair sends at most `capacity` rows per
+# round, capacity = DROPLESS_BUFFER_FACTOR x the balanced load (N / ep); rows beyond it travel in
+# further rounds, taken only when some pair overflows (bounded: at most ceil(N / capacity)).
+DROPLESS_BUFFER_FACTOR = 1.25
+
+
+def exchange_capacity(c: ModelConfig, n_rows: int, ep: int) -> int:
+    """Rows per (source, destination) pair per exchange round, for n_rows = T * K local rows.
+
+    `expert_capacity_factor` (a cap: rows past it are dropped and counted) or, dropless, the
+    DROPLESS_BUFFER_FACTOR; never more than the worst case n_rows. A device receives ep x this
+    per round: about factor x N rows, not the ep x N that a worst-case buffer holds."""
+    f = c.expert_capacity_factor if c.expert_capacity_factor is not None else DROPLESS_BUFFER_FACTOR
+    return int(min(n_rows, max(1, math.ceil(f * n_rows / ep))))
+
+
+def _exchange_rounds(round_fn, n_rows: int, cap: int, max_send, c: ModelConfig, zeros):
+    """Round 0, then (dropless only) the overflow rounds 1.. that some pair needs.
+
+    `round_fn(r)` gives this device's [N, H] results (sorted order) of the rows it sent in round r.
+    The overflow rounds run in a scan, each under a `cond` on a predicate every device of the
+    expert group agrees on (the largest count any pair sends), and rematerialised: the step
+    keeps no per-round buffers for the backward pass, so memory stays one round's."""
+    y = round_fn(jnp.int32(0))
+    rounds_max = -(-n_rows // cap)
+    if c.expert_capacity_factor is not None or rounds_max <= 1:
+        return y
+    needed = -(-jax.lax.pmax(max_send, "expert") // cap)
+
+    @jax.checkpoint
+    def body(acc, r):
+        return acc + jax.lax.cond(r < needed, round_fn, lambda _: zeros, r), None
+
+    y, _ = jax.lax.scan(body, y, jnp.arange(1, rounds_max, dtype=jnp.int32))
+    return y
+
+
 def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int):
     """Body of the shard_map: local tokens, local experts, padded all-to-all over `expert`.
 
-    Each (source, destination) pair gets a buffer of `capacity` rows: the worst case (dropless)
-    by default, or capacity_factor x the balanced load, in which case overflow rows are dropped
-    and counted.
+    Each (source, destination) pair gets a buffer of `exchange_capacity` rows per round, so a
+    device receives and computes ~factor x T*K rows, not ep x T*K. Dropless by default: rows past
+    the capacity go in overflow rounds (`_exchange_rounds`); with `expert_capacity_factor` they
+    are dropped and counted instead.
     """
     T, K = idx_TK.shape
     H = x_TH.shape[-1]
+    N = T * K
     E_loc = p["w_gate"].shape[0]
     flat = idx_TK.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     dest = flat[order] // E_loc  # destination shard of each sorted row
     send = jnp.bincount(dest, length=ep)
     start = jnp.cumsum(send) - send
-    slot = jnp.arange(T * K) - start[dest]  # row's place in its destination buffer
-    cap = (
-        T * K
-        if c.expert_capacity_factor is None
-        else max(1, math.ceil(c.expert_capacity_factor * T * K / ep))
-    )
-    keep = slot < cap
-    slot_c = jnp.where(keep, slot, cap)  # overflow rows go to a scratch row that is cut off
-    buf = jnp.zeros((ep, cap + 1, H), x_TH.dtype).at[dest, slot_c].set(x_TH[order // K])[:, :cap]
-    eid = jnp.full((ep, cap + 1), E_loc, jnp.int32).at[dest, slot_c].set(flat[order] % E_loc)
-    eid = eid[:, :cap]
-    recv = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)  # [ep, cap, H] by source
-    recv_eid = jax.lax.all_to_all(eid, "expert", 0, 0, tiled=True)
-    r_flat, r_eid = recv.reshape(ep * cap, H), recv_eid.reshape(-1)
-    r_order = jnp.argsort(r_eid, stable=True)  # empty rows (id E_loc) sort last
-    sizes = jnp.bincount(r_eid, length=E_loc).astype(jnp.int32)
-    y = grouped_mlp(r_flat[r_order], p, sizes, c)
-    y = jnp.zeros_like(y).at[r_order].set(y).reshape(ep, cap, H)
-    back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
-    y_sorted = jnp.where(keep[:, None], back[dest, jnp.minimum(slot, cap - 1)], 0)
+    slot = jnp.arange(N) - start[dest]  # row's place in its destination's rows
+    cap = exchange_capacity(c, N, ep)
+    x_sorted = x_TH[order // K]
+    e_sorted = (flat[order] % E_loc).astype(jnp.int32)
+
+    def round_fn(r):
+        lo = r * cap
+        here = (slot >= lo) & (slot < lo + cap)
+        s = jnp.where(here, slot - lo, cap)  # other rounds' rows go to a scratch row, cut off
+        buf = jnp.zeros((ep, cap + 1, H), x_TH.dtype).at[dest, s].set(x_sorted)[:, :cap]
+        eid = jnp.full((ep, cap + 1), E_loc, jnp.int32).at[dest, s].set(e_sorted)[:, :cap]
+        recv = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)  # [ep, cap, H] by source
+        recv_eid = jax.lax.all_to_all(eid, "expert", 0, 0, tiled=True)
+        r_flat, r_eid = recv.reshape(ep * cap, H), recv_eid.reshape(-1)
+        r_order = jnp.argsort(r_eid, stable=True)  # empty rows (id E_loc) sort last
+        sizes = jnp.bincount(r_eid, length=E_loc).astype(jnp.int32)
+        y = grouped_mlp(r_flat[r_order], p, sizes, c)
+        y = jnp.zeros_like(y).at[r_order].set(y).reshape(ep, cap, H)
+        back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
+        return jnp.where(here[:, None], back[dest, jnp.minimum(s, cap - 1)], 0)
+
+    zeros = jnp.zeros((N, H), jnp.dtype(c.dtype))
+    y_sorted = _exchange_rounds(round_fn, N, cap, send.max(), c, zeros)
     y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
-    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
-    dropped = jax.lax.psum(jnp.sum(~keep), (*sharding.BATCH_AXES, "context"))
+    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_sorted.dtype))
+    kept = slot < (cap if c.expert_capacity_factor is not None else N)
+    dropped = jax.lax.psum(jnp.sum(~kept), (*sharding.BATCH_AXES, "context"))
     return out, dropped
 
 
 def _dispatch_expert_parallel_ragged(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int):
     """Body of the shard_map on backends with `ragged_all_to_all` (GPU, TPU): each shard sends
-    exactly the rows its peers need, dropless. Same result as the padded exchange."""
+    exactly the rows its peers need, packed, at most `exchange_capacity` rows per pair and round
+    (overflow rounds as in the padded exchange), so the receive buffer and the grouped matmul
+    hold ~factor x T*K rows, not ep x T*K. Same result as the padded exchange."""
     T, K = idx_TK.shape
     H = x_TH.shape[-1]
     N = T * K
@@ -342,37 +407,41 @@ def _dispatch_expert_parallel_ragged(x_TH, idx_TK, gates_TK, p, c: ModelConfig, 
     order = jnp.argsort(flat, stable=True)
     eid = flat[order]
     send = jnp.bincount(eid // E_loc, length=ep).astype(jnp.int32)  # rows to each shard
-    in_off = jnp.cumsum(send) - send
+    start = jnp.cumsum(send) - send
     me = jax.lax.axis_index("expert")
     all_send = jax.lax.all_gather(send, "expert")  # [source, destination]
-    out_off = (jnp.cumsum(all_send, 0) - all_send)[me]  # my rows' place in each receiver
-    recv = all_send[:, me]
+    cap = exchange_capacity(c, N, ep)
+    R = ep * cap  # rows a device receives per round, at most
+    x_sorted = x_TH[order // K]
+    e_sorted = (eid % E_loc).astype(jnp.int32)
     exchange = functools.partial(jax.lax.ragged_all_to_all, axis_name="expert")
-    r_x = exchange(
-        x_TH[order // K], jnp.zeros((ep * N, H), x_TH.dtype), in_off, send, out_off, recv
-    )
-    r_e = exchange(
-        (eid % E_loc).astype(jnp.int32),
-        jnp.full((ep * N,), E_loc, jnp.int32),
-        in_off,
-        send,
-        out_off,
-        recv,
-    )
-    r_order = jnp.argsort(r_e, stable=True)
-    y = grouped_mlp(r_x[r_order], p, jnp.bincount(r_e, length=E_loc).astype(jnp.int32), c)
-    y = jnp.zeros_like(y).at[r_order].set(y)
-    back_out_off = jax.lax.all_gather(in_off, "expert")[:, me]
-    back = exchange(
-        y, jnp.zeros((N, H), y.dtype), jnp.cumsum(recv) - recv, recv, back_out_off, send
-    )
-    y_TKH = jnp.zeros_like(back).at[order].set(back).reshape(T, K, H)
-    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y.dtype))
+
+    def round_fn(r):
+        lo = r * cap
+        n_r = jnp.clip(all_send - lo, 0, cap)  # rows each pair sends this round
+        snd = n_r[me]
+        in_off = start + lo
+        out_off = (jnp.cumsum(n_r, 0) - n_r)[me]  # my rows' place in each receiver
+        rcv = n_r[:, me]
+        r_x = exchange(x_sorted, jnp.zeros((R, H), x_TH.dtype), in_off, snd, out_off, rcv)
+        r_e = exchange(e_sorted, jnp.full((R,), E_loc, jnp.int32), in_off, snd, out_off, rcv)
+        r_order = jnp.argsort(r_e, stable=True)
+        sizes = jnp.bincount(r_e, length=E_loc).astype(jnp.int32)
+        y = grouped_mlp(r_x[r_order], p, sizes, c)
+        y = jnp.zeros_like(y).at[r_order].set(y)
+        back_out = jax.lax.all_gather(in_off, "expert")[:, me]
+        return exchange(y, jnp.zeros((N, H), y.dtype), jnp.cumsum(rcv) - rcv, rcv, back_out, snd)
+
+    zeros = jnp.zeros((N, H), jnp.dtype(c.dtype))
+    y_sorted = _exchange_rounds(round_fn, N, cap, send.max(), c, zeros)
+    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
+    out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_sorted.dtype))
     return out, jnp.zeros((), jnp.int32)
 
 
 def use_ragged_exchange(c: ModelConfig) -> bool:
-    """`ragged_all_to_all` where the backend has it (not XLA:CPU) and the run is dropless."""
+    """`ragged_all_to_all` where the backend has it (not XLA:CPU, even when tracing for the GPU's
+    paths: it cannot compile it) and the run is dropless."""
     if c.expert_exchange == "auto":
         return c.expert_capacity_factor is None and jax.default_backend() in ("gpu", "tpu")
     return c.expert_exchange == "ragged"
@@ -400,8 +469,11 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
     x_TH = x_BTH.reshape(B * T, H)
     routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
     ep = sharding.axis_size(mesh, "expert")
-    local = c.moe_impl != "dense" and ep == 1  # the only dispatch that reuses the kernel's order
-    idx, gates, scores, pairs = route(x_TH, p, c, routing, sorted_pairs=local)
+    # The only dispatch that reuses the kernel's sorted order: one device's (a sharded mesh runs
+    # the kernel per device for the gates; the dispatch sorts the global tokens itself).
+    local = c.moe_impl != "dense" and ep == 1
+    reuse_order = local and (mesh is None or mesh.size == 1)
+    idx, gates, scores, pairs = route(x_TH, p, c, routing, sorted_pairs=reuse_order, mesh=mesh)
     experts = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
     dropped = jnp.zeros((), jnp.int32)
     if c.moe_impl == "dense":
