@@ -16,9 +16,11 @@ A query row that sees no key at all outputs zeros (the dense path would give a u
 causal self-attention always sees itself, so the two agree wherever it matters). Lengths that are
 not a multiple of the block are padded inside (the padding never matches a real segment id).
 
-`forward_parts` / `backward_parts` are the two halves, also used by ring attention: the forward
-returns float32 output and log-sum-exp, the backward takes the final log-sum-exp and
-delta = rowsum(dO * O) and returns float32 gradients of one key chunk's contribution.
+The pieces are public for ring attention (c2/model/ring.py): `prepare_q` / `prepare_kv` put the
+inputs in block layout once; `forward_blocks` folds a key chunk into a running online-softmax
+state (`init_state`, `finish_state`), so the chunks arriving around the ring continue one softmax;
+`backward_blocks` adds a key chunk's share to float32 (dq, dk, dv) accumulators, given the final
+log-sum-exp and delta = rowsum(dO * O). `forward_parts` is the whole forward on one device.
 """
 
 from __future__ import annotations
@@ -96,24 +98,135 @@ def _mask(qs, qi, ks, ki):
     return m[:, None, None]
 
 
-def _prepare(q, k, v, q_seg, k_seg, q_idx, k_idx, block_q, block_kv):
-    B, T, N, d = q.shape
-    S, Kh = k.shape[1], k.shape[2]
+def prepare_q(q, q_seg, q_idx, Kh: int, block_q: int):
+    """Queries in block layout: (qb [nq,B,Kh,G,bq,d], segment ids, indices [nq,B,bq])."""
+    B, T, N, _ = q.shape
     if N % Kh:
         raise ValueError(f"{N} query heads are not a multiple of {Kh} key/value heads")
     bq, nq = _blocks(T, block_q)
-    bk, nk = _blocks(S, block_kv)
-    Tp, Sp = nq * bq, nk * bk
+    Tp = nq * bq
     q_seg, q_idx = jnp.broadcast_to(q_seg, (B, T)), jnp.broadcast_to(q_idx, (B, T))
+    return (
+        _split_q(_pad(q, Tp, 0), nq, bq, Kh),
+        _split_rows(_pad(q_seg.astype(jnp.int32), Tp, _Q_PAD), nq, bq),
+        _split_rows(_pad(q_idx.astype(jnp.int32), Tp, 0), nq, bq),
+    )
+
+
+def prepare_kv(k, v, k_seg, k_idx, block_kv: int):
+    """Keys and values in block layout: (kb [nk,B,Kh,bk,d], vb, segment ids, indices)."""
+    B, S = k.shape[:2]
+    bk, nk = _blocks(S, block_kv)
+    Sp = nk * bk
     k_seg, k_idx = jnp.broadcast_to(k_seg, (B, S)), jnp.broadcast_to(k_idx, (B, S))
-    qb = _split_q(_pad(q, Tp, 0), nq, bq, Kh)
-    kb = _split_k(_pad(k, Sp, 0), nk, bk)
-    vb = _split_k(_pad(v, Sp, 0), nk, bk)
-    qsb = _split_rows(_pad(q_seg.astype(jnp.int32), Tp, _Q_PAD), nq, bq)
-    qib = _split_rows(_pad(q_idx.astype(jnp.int32), Tp, 0), nq, bq)
-    ksb = _split_rows(_pad(k_seg.astype(jnp.int32), Sp, _K_PAD), nk, bk)
-    kib = _split_rows(_pad(k_idx.astype(jnp.int32), Sp, _IDX_MAX), nk, bk)
-    return (qb, kb, vb, qsb, qib, ksb, kib), (bq, nq, bk, nk)
+    return (
+        _split_k(_pad(k, Sp, 0), nk, bk),
+        _split_k(_pad(v, Sp, 0), nk, bk),
+        _split_rows(_pad(k_seg.astype(jnp.int32), Sp, _K_PAD), nk, bk),
+        _split_rows(_pad(k_idx.astype(jnp.int32), Sp, _IDX_MAX), nk, bk),
+    )
+
+
+def split_rows_like(x, qp):
+    """[B, T, N, e] (output-like) -> the block layout of prepared queries qp."""
+    qb = qp[0]
+    nq, _, Kh, _, bq, _ = qb.shape
+    return _split_q(_pad(x, nq * bq, 0), nq, bq, Kh)
+
+
+def init_state(qp, dv: int):
+    """Online-softmax state (running max, running sum, unnormalised output), float32."""
+    shape = qp[0].shape[:-1]
+    return (
+        jnp.full(shape, NEG_INF, jnp.float32),
+        jnp.zeros(shape, jnp.float32),
+        jnp.zeros((*shape, dv), jnp.float32),
+    )
+
+
+def forward_blocks(state, qp, kvp, scale: float):
+    """Fold every key block of kvp into the online-softmax state of every query block of qp."""
+    qb, qsb, qib = qp
+    kb, vb, ksb, kib = kvp
+
+    def q_step(i, state):
+        qi, qs, qx = qb[i], qsb[i], qib[i]
+
+        def kv_step(j, carry):
+            def compute(carry):
+                m, l, acc = carry
+                s = einsum_f32("bkgqd,bksd->bkgqs", qi, kb[j]) * scale
+                mask = _mask(qs, qx, ksb[j], kib[j])
+                s = jnp.where(mask, s, NEG_INF)
+                m_new = jnp.maximum(m, jnp.max(s, -1))
+                p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+                corr = jnp.exp(m - m_new)
+                l = l * corr + jnp.sum(p, -1)
+                pv = einsum_f32("bkgqs,bksd->bkgqd", p.astype(vb.dtype), vb[j])
+                return m_new, l, acc * corr[..., None] + pv
+
+            vis = _visible(qs, qx, ksb[j], kib[j])
+            return jax.lax.cond(vis, compute, lambda c: c, carry)
+
+        row = jax.lax.fori_loop(0, kb.shape[0], kv_step, tuple(x[i] for x in state))
+        return tuple(x.at[i].set(r) for x, r in zip(state, row))
+
+    return jax.lax.fori_loop(0, qb.shape[0], q_step, state)
+
+
+def finish_state(state):
+    """(normalised float32 output, log-sum-exp), block layout; rows that saw nothing: 0, NEG_INF."""
+    m, l, acc = state
+    seen = l > 0
+    l = jnp.where(seen, l, 1.0)
+    return acc / l[..., None], jnp.where(seen, m + jnp.log(l), NEG_INF)
+
+
+def backward_blocks(grads, qp, dob, lseb, deltab, kvp, scale: float):
+    """Add this key chunk's share to grads = (dq [like qb], dk [like kb], dv [like vb]), float32,
+    given the final log-sum-exp and delta = rowsum(dO * O) in the queries' block layout."""
+    qb, qsb, qib = qp
+    kb, vb, ksb, kib = kvp
+
+    def kv_step(j, grads):
+        dq, dk, dv = grads
+        kj, vj, ks, kx = kb[j], vb[j], ksb[j], kib[j]
+
+        def q_step(i, carry):
+            def compute(carry):
+                dq, dk_j, dv_j = carry
+                qi, do_i = qb[i], dob[i]
+                s = einsum_f32("bkgqd,bksd->bkgqs", qi, kj) * scale
+                mask = _mask(qsb[i], qib[i], ks, kx)
+                p = jnp.where(mask, jnp.exp(s - lseb[i][..., None]), 0.0)
+                dv_j = dv_j + einsum_f32("bkgqs,bkgqd->bksd", p.astype(dob.dtype), do_i)
+                dp = einsum_f32("bkgqd,bksd->bkgqs", do_i, vj)
+                ds = (p * (dp - deltab[i][..., None])).astype(qb.dtype)
+                dq = dq.at[i].add(einsum_f32("bkgqs,bksd->bkgqd", ds, kj) * scale)
+                dk_j = dk_j + einsum_f32("bkgqs,bkgqd->bksd", ds, qi) * scale
+                return dq, dk_j, dv_j
+
+            vis = _visible(qsb[i], qib[i], ks, kx)
+            return jax.lax.cond(vis, compute, lambda c: c, carry)
+
+        dq, dk_j, dv_j = jax.lax.fori_loop(0, qb.shape[0], q_step, (dq, dk[j], dv[j]))
+        return dq, dk.at[j].set(dk_j), dv.at[j].set(dv_j)
+
+    return jax.lax.fori_loop(0, kb.shape[0], kv_step, grads)
+
+
+def zero_grads(qp, kvp):
+    return tuple(jnp.zeros(x.shape, jnp.float32) for x in (qp[0], kvp[0], kvp[1]))
+
+
+def merge_q(x, T: int):
+    """Block layout [nq,B,Kh,G,bq,e] -> [B, T, N, e] (padding dropped)."""
+    return _merge_q(x)[:, :T]
+
+
+def merge_kv(x, S: int):
+    """Block layout [nk,B,Kh,bk,e] -> [B, S, Kh, e] (padding dropped)."""
+    return _merge_k(x)[:, :S]
 
 
 def forward_parts(q, k, v, q_seg, k_seg, q_idx, k_idx, *, scale, block_q, block_kv):
@@ -121,96 +234,20 @@ def forward_parts(q, k, v, q_seg, k_seg, q_idx, k_idx, *, scale, block_q, block_
 
     q [B,T,N,d], k [B,S,Kh,d], v [B,S,Kh,dv]; segment ids and indices [B,T] / [B,S] (broadcast).
     """
-    B, T, N, _ = q.shape
-    (qb, kb, vb, qsb, qib, ksb, kib), (bq, nq, bk, nk) = _prepare(
-        q, k, v, q_seg, k_seg, q_idx, k_idx, block_q, block_kv
-    )
-    _, _, Kh, G, _, _ = qb.shape
-    dv = v.shape[-1]
-
-    def q_block(xs):
-        qi, qs, qx = xs  # [B,Kh,G,bq,d], [B,bq], [B,bq]
-
-        def kv_step(j, carry):
-            def compute(carry):
-                m, l, acc = carry
-                ks, kx = ksb[j], kib[j]
-                s = einsum_f32("bkgqd,bksd->bkgqs", qi, kb[j]) * scale
-                mask = _mask(qs, qx, ks, kx)
-                s = jnp.where(mask, s, NEG_INF)
-                m_new = jnp.maximum(m, jnp.max(s, -1))
-                p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-                corr = jnp.exp(m - m_new)
-                l = l * corr + jnp.sum(p, -1)
-                pv = einsum_f32("bkgqs,bksd->bkgqd", p.astype(v.dtype), vb[j])
-                return m_new, l, acc * corr[..., None] + pv
-
-            vis = _visible(qs, qx, ksb[j], kib[j])
-            return jax.lax.cond(vis, compute, lambda c: c, carry)
-
-        init = (
-            jnp.full((B, Kh, G, bq), NEG_INF, jnp.float32),
-            jnp.zeros((B, Kh, G, bq), jnp.float32),
-            jnp.zeros((B, Kh, G, bq, dv), jnp.float32),
-        )
-        m, l, acc = jax.lax.fori_loop(0, nk, kv_step, init)
-        seen = l > 0
-        l = jnp.where(seen, l, 1.0)
-        return acc / l[..., None], jnp.where(seen, m + jnp.log(l), NEG_INF)
-
-    o, lse = jax.lax.map(q_block, (qb, qsb, qib))  # [nq,B,Kh,G,bq,dv], [nq,B,Kh,G,bq]
-    o = _merge_q(o)[:, :T]
-    lse = _merge_q(lse[..., None])[:, :T, :, 0]
-    return o, lse
+    T = q.shape[1]
+    qp = prepare_q(q, q_seg, q_idx, k.shape[2], block_q)
+    kvp = prepare_kv(k, v, k_seg, k_idx, block_kv)
+    o, lse = finish_state(forward_blocks(init_state(qp, v.shape[-1]), qp, kvp, scale))
+    return merge_q(o, T), merge_q(lse[..., None], T)[..., 0]
 
 
-def backward_parts(
-    q, k, v, q_seg, k_seg, q_idx, k_idx, lse, delta, do, *, scale, block_q, block_kv
-):
-    """Float32 (dq, dk, dv) of the attention of q over this key chunk, given the final
-    log-sum-exp [B,T,N] and delta = rowsum(dO * O) [B,T,N] of the whole attention."""
-    B, T, N, d = q.shape
-    S = k.shape[1]
-    (qb, kb, vb, qsb, qib, ksb, kib), (bq, nq, bk, nk) = _prepare(
-        q, k, v, q_seg, k_seg, q_idx, k_idx, block_q, block_kv
-    )
-    _, _, Kh, G, _, _ = qb.shape
-    Tp = nq * bq
-    dob = _split_q(_pad(do, Tp, 0), nq, bq, Kh)
-    lseb = _split_q(_pad(lse[..., None], Tp, 0), nq, bq, Kh)[..., 0]
-    deltab = _split_q(_pad(delta[..., None], Tp, 0), nq, bq, Kh)[..., 0]
-
-    def kv_block(dq, xs):
-        kj, vj, ks, kx = xs  # [B,Kh,bk,d], [B,Kh,bk,dv], [B,bk], [B,bk]
-
-        def q_step(i, carry):
-            def compute(carry):
-                dq, dk, dv = carry
-                qi, do_i = qb[i], dob[i]
-                s = einsum_f32("bkgqd,bksd->bkgqs", qi, kj) * scale
-                mask = _mask(qsb[i], qib[i], ks, kx)
-                p = jnp.where(mask, jnp.exp(s - lseb[i][..., None]), 0.0)
-                dv = dv + einsum_f32("bkgqs,bkgqd->bksd", p.astype(do.dtype), do_i)
-                dp = einsum_f32("bkgqd,bksd->bkgqs", do_i, vj)
-                ds = (p * (dp - deltab[i][..., None])).astype(q.dtype)
-                dq = dq.at[i].add(einsum_f32("bkgqs,bksd->bkgqd", ds, kj) * scale)
-                dk = dk + einsum_f32("bkgqs,bkgqd->bksd", ds, qi) * scale
-                return dq, dk, dv
-
-            vis = _visible(qsb[i], qib[i], ks, kx)
-            return jax.lax.cond(vis, compute, lambda c: c, carry)
-
-        init = (
-            dq,
-            jnp.zeros(kj.shape, jnp.float32),
-            jnp.zeros(vj.shape, jnp.float32),
-        )
-        dq, dk, dv = jax.lax.fori_loop(0, nq, q_step, init)
-        return dq, (dk, dv)
-
-    dq0 = jnp.zeros(qb.shape, jnp.float32)
-    dq, (dk, dv) = jax.lax.scan(kv_block, dq0, (kb, vb, ksb, kib))
-    return _merge_q(dq)[:, :T], _merge_k(dk)[:, :S], _merge_k(dv)[:, :S]
+def _residual_blocks(q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse, do, block_q, block_kv):
+    """Everything the backward needs, in block layout (recomputed from the residuals)."""
+    qp = prepare_q(q, q_seg, q_idx, k.shape[2], block_q)
+    kvp = prepare_kv(k, v, k_seg, k_idx, block_kv)
+    dob = split_rows_like(do.astype(q.dtype), qp)
+    deltab = jnp.sum(dob.astype(jnp.float32) * split_rows_like(out, qp).astype(jnp.float32), -1)
+    return qp, kvp, dob, lse, deltab
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
@@ -218,39 +255,33 @@ def flash_attention(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q=512, blo
     """Causal, segment-masked softmax attention in blocks. q [B,T,N,d], k [B,S,Kh,d],
     v [B,S,Kh,dv] (N a multiple of Kh; dv may differ from d, as in MLA) -> [B,T,N,dv] in q.dtype.
     Query t attends key s iff q_seg[t] == k_seg[s] and k_idx[s] <= q_idx[t]."""
-    o, _ = forward_parts(
-        q, k, v, q_seg, k_seg, q_idx, k_idx, scale=scale, block_q=block_q, block_kv=block_kv
-    )
-    return o.astype(q.dtype)
+    return _flash_fwd(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv)[0]
 
 
 def _flash_fwd(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv):
-    o, lse = forward_parts(
-        q, k, v, q_seg, k_seg, q_idx, k_idx, scale=scale, block_q=block_q, block_kv=block_kv
-    )
-    o = o.astype(q.dtype)
-    return o, (q, k, v, q_seg, k_seg, q_idx, k_idx, o, lse)
+    qp = prepare_q(q, q_seg, q_idx, k.shape[2], block_q)
+    kvp = prepare_kv(k, v, k_seg, k_idx, block_kv)
+    o, lse = finish_state(forward_blocks(init_state(qp, v.shape[-1]), qp, kvp, scale))
+    out = merge_q(o, q.shape[1]).astype(q.dtype)
+    return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
 
 
 def _flash_bwd(scale, block_q, block_kv, res, do):
-    q, k, v, q_seg, k_seg, q_idx, k_idx, o, lse = res
-    delta = jnp.sum(do.astype(jnp.float32) * o.astype(jnp.float32), -1)
-    dq, dk, dv = backward_parts(
-        q,
-        k,
-        v,
-        q_seg,
-        k_seg,
-        q_idx,
-        k_idx,
-        lse,
-        delta,
-        do,
-        scale=scale,
-        block_q=block_q,
-        block_kv=block_kv,
+    q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
+    qp, kvp, dob, lseb, deltab = _residual_blocks(
+        q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse, do, block_q, block_kv
     )
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+    dq, dk, dv = backward_blocks(zero_grads(qp, kvp), qp, dob, lseb, deltab, kvp, scale)
+    T, S = q.shape[1], k.shape[1]
+    return (
+        merge_q(dq, T).astype(q.dtype),
+        merge_kv(dk, S).astype(k.dtype),
+        merge_kv(dv, S).astype(v.dtype),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 flash_attention.defvjp(_flash_fwd, _flash_bwd)

@@ -31,12 +31,6 @@ from c2 import sharding
 from c2.model import flash
 
 
-def _combine(o, lse, o_s, lse_s):
-    """Merge two softmax-normalised partial outputs by their log-sum-exps."""
-    new = jnp.logaddexp(lse, lse_s)
-    return o * jnp.exp(lse - new)[..., None] + o_s * jnp.exp(lse_s - new)[..., None], new
-
-
 def _shift(xs, axis_name: str, n: int):
     """Send every array to the next shard on the ring (shard i -> i + 1)."""
     perm = [(i, (i + 1) % n) for i in range(n)]
@@ -51,38 +45,46 @@ def ring_attention(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv
 
 
 def _ring_fwd(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv, axis_name, n):
-    kw = dict(scale=scale, block_q=block_q, block_kv=block_kv)
-    chunk = (k, v, k_seg, k_idx)
-    o = lse = None
-    for step in range(n):
-        nxt = _shift(chunk, axis_name, n) if step < n - 1 else None  # in flight during compute
-        o_s, lse_s = flash.forward_parts(
-            q, chunk[0], chunk[1], q_seg, chunk[2], q_idx, chunk[3], **kw
-        )
-        o, lse = (o_s, lse_s) if o is None else _combine(o, lse, o_s, lse_s)
-        chunk = nxt
-    out = o.astype(q.dtype)
+    qp = flash.prepare_q(q, q_seg, q_idx, k.shape[2], block_q)
+    kvp = flash.prepare_kv(k, v, k_seg, k_idx, block_kv)  # travels in block layout
+
+    def hop(_, carry):
+        kvp, state = carry
+        nxt = _shift(kvp, axis_name, n)  # in flight while this chunk is computed
+        return nxt, flash.forward_blocks(state, qp, kvp, scale)
+
+    # n hops: the last one brings every chunk home (unused; it overlaps the last compute).
+    _, state = jax.lax.fori_loop(0, n, hop, (kvp, flash.init_state(qp, v.shape[-1])))
+    o, lse = flash.finish_state(state)
+    out = flash.merge_q(o, q.shape[1]).astype(q.dtype)
     return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
 
 
 def _ring_bwd(scale, block_q, block_kv, axis_name, n, res, do):
     q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse = res
-    kw = dict(scale=scale, block_q=block_q, block_kv=block_kv)
-    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), -1)
-    chunk = (k, v, k_seg, k_idx)
-    dq = jnp.zeros(q.shape, jnp.float32)
-    dk = jnp.zeros(k.shape, jnp.float32)
-    dv = jnp.zeros(v.shape, jnp.float32)
-    for step in range(n):
-        nxt = _shift(chunk, axis_name, n) if step < n - 1 else None
-        dq_s, dk_s, dv_s = flash.backward_parts(
-            q, chunk[0], chunk[1], q_seg, chunk[2], q_idx, chunk[3], lse, delta, do, **kw
-        )
-        dq, dk, dv = dq + dq_s, dk + dk_s, dv + dv_s
-        # The chunk's gradient follows the chunk; after the last hop one more brings it home.
+    qp, kvp, dob, lseb, deltab = flash._residual_blocks(
+        q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse, do, block_q, block_kv
+    )
+
+    def hop(_, carry):
+        kvp, (dq, dk, dv) = carry
+        nxt = _shift(kvp, axis_name, n)
+        dq, dk, dv = flash.backward_blocks((dq, dk, dv), qp, dob, lseb, deltab, kvp, scale)
+        # A chunk's gradient follows the chunk; after the n-th hop both are home again.
         dk, dv = _shift((dk, dv), axis_name, n)
-        chunk = nxt
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, None, None
+        return nxt, (dq, dk, dv)
+
+    _, (dq, dk, dv) = jax.lax.fori_loop(0, n, hop, (kvp, flash.zero_grads(qp, kvp)))
+    T, S = q.shape[1], k.shape[1]
+    return (
+        flash.merge_q(dq, T).astype(q.dtype),
+        flash.merge_kv(dk, S).astype(k.dtype),
+        flash.merge_kv(dv, S).astype(v.dtype),
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 ring_attention.defvjp(_ring_fwd, _ring_bwd)
