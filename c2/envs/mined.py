@@ -16,7 +16,8 @@ directory). Its own test suite is the judge:
      edits.
   3. Baseline. The whole suite runs once in the sandbox, exactly as the "pytest" grader runs
      hidden tests. Test files that cannot be collected there (a missing optional dependency) are
-     dropped; tests that fail at baseline are never used. A suite that mostly fails, or never
+     dropped; tests that fail at baseline are never used, nor are parametrized tests whose ids
+     differ between two baseline runs (numbered in hash order). A suite that mostly fails, or never
      passes, is an error.
   4. Candidates. AST mutation operators (mutations.py) on every function and method of the
      package, and "removed bodies": a documented function or method whose body (docstring kept)
@@ -465,6 +466,16 @@ class Miner:
                 )
         if run.error:
             raise SourceError(f"source {src.origin}: its test suite did not run: {run.error}")
+        # A second run: parametrized tests whose ids change between runs (ids numbered in set or
+        # dict order, which hash randomisation reshuffles) cannot be graded by id; drop them all.
+        again = self.run()
+        unstable = {t.split("[")[0] for t in set(run.outcomes) ^ set(again.outcomes)}
+        unstable |= {t.split("[")[0] for t, o in run.outcomes.items() if again.outcomes.get(t) != o}
+        self.unstable = sorted(unstable)
+        run = dataclasses.replace(
+            run,
+            outcomes={t: o for t, o in run.outcomes.items() if t.split("[")[0] not in unstable},
+        )
         passed = [t for t, o in run.outcomes.items() if o == "passed"]
         failed = sorted(t for t, o in run.outcomes.items() if o == "failed")
         if not passed or len(failed) > MAX_BASELINE_FAILING * len(run.outcomes):
@@ -479,7 +490,7 @@ class Miner:
         collect, produced nothing, or broke no baseline-passing test."""
         if run.error or not run.outcomes:
             return None
-        base = self.baseline.outcomes
+        base = self.baseline.outcomes  # stable ids only
         ids = [t for t, o in base.items() if o == "passed"]
         if ran is not None:
             mods = set(ran)
@@ -944,6 +955,7 @@ def _emit(source, miner, out, level, seed, index, found: _Found, rng) -> Task:
         "pass_to_pass": found.p2p,
         "hidden_test_files": [f"tests/{h}" for h in hidden],
         "dropped_test_files": [f"tests/{d}" for d in source.dropped_tests],
+        "unstable_tests": miner.unstable,
         "solution_lines_changed": changed,
         "grader": "pytest",
         "environment": {"requirements": source.requirements},
