@@ -506,12 +506,15 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def _collect_error_files(run: TestRun, tests: dict[str, bytes]) -> list[str]:
-    """Test modules that could not be collected: after a run with collection errors, every
-    module that produced no outcome (the grader names only the first few errors)."""
+    """Test modules that could not be collected: after a run with collection errors, those it
+    names and every module that produced no outcome (the grader names only the first few)."""
     if not run.error or not run.error.startswith("collection errors"):
         return []
     seen = {t.split("::")[0][len("tests/") :] for t in run.outcomes}
-    return sorted(rel for rel in tests if _is_test_module(rel) and rel not in seen)
+    named = {n.split("::")[0].removeprefix("tests/") for n in re.findall(r"'([^']+)'", run.error)}
+    return sorted(
+        rel for rel in tests if _is_test_module(rel) and (rel not in seen or rel in named)
+    )
 
 
 # ---------------------------------------------------------------------- candidates
