@@ -83,14 +83,16 @@ class AgentChat:
             rest = rest[at + len(tag) :]
         return ids + [self.im_end]
 
-    def observation(self, outputs: Sequence[str]) -> list[int]:
-        """What follows a reply's <|im_end|>: a user turn holding one tool response per output,
-        then the next assistant header."""
+    def observation(self, outputs: Sequence[str], note: str | None = None) -> list[int]:
+        """What follows a reply's <|im_end|>: a user turn holding one tool response per output
+        (then `note`, plain text, if given), then the next assistant header."""
         ids = [*self._text("\n"), *self._turn_header("user")]
         for i, out in enumerate(outputs):
             if i:
                 ids += self._text("\n")
             ids += [self.tool_response, *self._text(f"\n{out}\n"), self.tool_response_end]
+        if note:
+            ids += self._text(("\n" if outputs else "") + note)
         ids += [self.im_end, *self._text("\n"), *self._turn_header("assistant")]
         return ids
 
@@ -123,7 +125,8 @@ class AgentChat:
         """[system], user task, then alternating assistant replies and tool turns ->
         (ids int32 [L], loss_mask float32 [L]: 1 on every reply id, <|im_end|> included).
 
-        A tool turn is {"role": "tool", "content": [output, ...]} (one tool response each).
+        A tool turn is {"role": "tool", "content": [output, ...]} (one tool response each), with
+        an optional "note": text after the responses, in the same user turn.
         """
         msgs = list(messages)
         system = ""
@@ -148,7 +151,7 @@ class AgentChat:
                     raise ValueError(
                         f"conversation message {i}: a tool turn's content is a list of strings"
                     )
-                piece = self.observation(outputs)
+                piece = self.observation(outputs, note=m.get("note"))
                 mask += [0.0] * len(piece)
                 expect = "assistant"
             ids += piece

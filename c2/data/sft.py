@@ -284,6 +284,20 @@ def function_task_conversations(split: str = "train", level: str = "full") -> li
     return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
 
 
+NOTES_COUNTS = {"train": 600, "eval": 64}  # tasks; each gives 2-5 segment conversations
+
+
+def notes_conversations(spec: str, split: str = "train") -> list[dict]:
+    """ "notes[:full|fixed][:files[:note_chars]]": oracle chains of the notes tasks
+    (c2/envs/notes.py), each cut once so that writing a summary and going on from one are both
+    learned; a conversation per segment."""
+    from c2.envs import notes
+
+    level, files, chars = notes.parse_spec(spec)
+    s = "eval" if split in ("heldout", "eval") else "train"
+    return notes.chain_conversations(NOTES_COUNTS[s], FUNCTIONS_SEED, s, files, chars, level)
+
+
 def load_sft_examples(
     spec: str | Sequence[Mapping[str, str]], split: str = "train"
 ) -> Sequence[Mapping[str, str]]:
@@ -300,9 +314,11 @@ def load_sft_examples(
         return load_sft_jsonl(spec, split)
     if spec in ("functions", "functions:full", "functions:basic"):
         return function_task_conversations(split, spec.partition(":")[2] or "full")
+    if spec.partition(":")[0] == "notes":
+        return notes_conversations(spec, split)
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "or 'functions'"
+        "'functions' or 'notes[:full|fixed]'"
     )

@@ -74,6 +74,11 @@ class RunOptions:
     run_timeout_s: float = 20.0
     seed: int = 0
     workers: int = 2  # scripted policies: episodes at once
+    # Long episodes (c2/rl/episodes.py): self_summary | compaction | none; 0: the defaults.
+    context_management: str = "none"
+    summary_trigger: int = 0
+    summary_max_tokens: int = 0
+    max_segments: int = 4
 
 
 # Patches ------------------------------------------------------------------------------------
@@ -269,6 +274,10 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
         tool_workers=opts.tool_workers,
         run_timeout_s=opts.run_timeout_s,
         keep_workspaces=True,  # for the patch; removed once it is taken
+        context_management=opts.context_management,
+        summary_trigger=opts.summary_trigger,
+        summary_max_tokens=opts.summary_max_tokens,
+        max_segments=opts.max_segments,
     )
     runner = EpisodeRunner(engine, chat, Sandbox(), work, rollout)
     by_id = {t.task_id: t for t, _ in tasks_and_samples}
@@ -291,8 +300,8 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
                 "correctness": _correctness(info.get("correctness", {})),
                 "quality": _quality(info.get("quality", {"new_findings": None})),
                 "efficiency": {
-                    "generated_tokens": s.generated_tokens,
-                    "context_tokens": s.length,
+                    "generated_tokens": sum(x.generated_tokens for x in s.chain),
+                    "context_tokens": sum(x.length for x in s.chain),  # every segment's
                     "turns": info.get("turns", 0),
                     "tool_calls": info.get("tool_calls", 0),
                     "wall_s": info.get("wall_s"),
@@ -305,7 +314,7 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
                     "sandbox_limits_hit": info.get("sandbox_limits_hit", []),
                 },
                 # Every id of the episode goes through the model once (KV cached).
-                "flops": flops_per_token * s.length,
+                "flops": flops_per_token * sum(x.length for x in s.chain),
                 "patch": patch,
             }
         )

@@ -6,6 +6,12 @@ sample. Position t holds input token t and *targets* token t + 1, so every per-t
 (`targets`, `target_mask`, `behaviour_logp`, `target_versions`) is the sample's array shifted left
 by one: `behaviour_logp[b, t]` is the engine's logprob of `targets[b, t]` given `inputs[b, :t+1]`.
 Padding positions replay experts 0..k-1 (distinct and in range, so the replayed forward is valid).
+
+Chains: a sample whose episode was cut into segments (c2.rl.records) brings its earlier segments,
+and each segment takes a row of its own, in chain order. The advantage's unit is the chain:
+`batch_size` counts chains (B_c, group after group), `chain` [B] names each row's chain and
+`chain_valid` [B_c] marks the chains present; the rows are a multiple of B_c (one compile per
+row count). Without segments, rows and chains coincide (chain[b] = b).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ TOKEN_KEYS = (
     "behaviour_logp",
     "target_versions",
 )
-ROW_KEYS = ("temperature", "top_p", "top_k", "valid")
-BATCH_KEYS = (*TOKEN_KEYS, "routing", *ROW_KEYS)
+ROW_KEYS = ("temperature", "top_p", "top_k", "valid", "chain")
+CHAIN_KEYS = ("chain_valid",)  # [B_c]: per chain
+BATCH_KEYS = (*TOKEN_KEYS, "routing", *ROW_KEYS, *CHAIN_KEYS)
 
 
 def _name(s: Sample) -> str:
@@ -97,11 +104,14 @@ def make_batch(
     cfg: ModelConfig,
     pad_id: int,
     group_size: int | None = None,
+    rows: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The samples (complete groups, in order) as one batch of fixed shapes; see the module doc.
 
     With `group_size`, also checks the layout the advantage estimators assume: consecutive runs
     of `group_size` samples sharing a group_id, and batch_size a multiple of group_size.
+    batch_size counts chains; `rows` (default: the smallest multiple of batch_size that holds
+    every segment) the rows.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
@@ -112,11 +122,13 @@ def make_batch(
     buckets = _check_buckets(seq_buckets, cfg)
     if group_size is not None:
         _check_groups(samples, batch_size, group_size)
-    for s in samples:
+    segments = chain_rows(samples)
+    B = _rows(len(segments), batch_size, rows)
+    for _, s in segments:
         _check_sample(s, cfg)
         choose_bucket(s.length, buckets, _name(s))
-    T = choose_bucket(max((s.length for s in samples), default=0), buckets)
-    B, L, k = batch_size, cfg.n_moe_layers, cfg.n_experts_per_token
+    T = choose_bucket(max((s.length for _, s in segments), default=0), buckets)
+    L, k = cfg.n_moe_layers, cfg.n_experts_per_token
 
     out = {
         "inputs": np.full((B, T), pad_id, np.int32),
@@ -132,8 +144,11 @@ def make_batch(
         "top_p": np.ones((B,), np.float32),
         "top_k": np.zeros((B,), np.int32),
         "valid": np.zeros((B,), bool),
+        "chain": np.zeros((B,), np.int32),
+        "chain_valid": np.zeros((batch_size,), bool),
     }
-    for b, s in enumerate(samples):
+    out["chain_valid"][: len(samples)] = True
+    for b, (c, s) in enumerate(segments):
         n = s.length
         out["inputs"][b, :n] = s.tokens
         out["positions"][b, :n] = np.arange(n, dtype=np.int32)
@@ -147,7 +162,23 @@ def make_batch(
         out["top_p"][b] = s.top_p
         out["top_k"][b] = s.top_k
         out["valid"][b] = True
+        out["chain"][b] = c
     return out
+
+
+def chain_rows(samples: Sequence[Sample]) -> list[tuple[int, Sample]]:
+    """(chain index, segment) for every row the samples fill, in order."""
+    return [(c, seg) for c, s in enumerate(samples) for seg in s.chain]
+
+
+def _rows(n: int, batch_size: int, rows: int | None) -> int:
+    if rows is None:
+        return batch_size * max(1, -(-n // batch_size))
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < batch_size:
+        raise ValueError(f"rows={rows!r}: expected an int >= batch_size={batch_size}")
+    if n > rows:
+        raise ValueError(f"{n} segments do not fit rows={rows}")
+    return rows
 
 
 def _check_groups(samples: Sequence[Sample], batch_size: int, group_size: int) -> None:
@@ -165,10 +196,10 @@ def _check_groups(samples: Sequence[Sample], batch_size: int, group_size: int) -
             )
 
 
-def _row_values(samples: Sequence[Sample], field: str, batch_size: int) -> dict[str, np.ndarray]:
+def _row_values(samples: Sequence[Sample], field: str, rows: int) -> dict[str, np.ndarray]:
     names = sorted({n for s in samples for n in getattr(s, field)})
-    out = {n: np.zeros((batch_size,), np.float32) for n in names}
-    for b, s in enumerate(samples):
+    out = {n: np.zeros((rows,), np.float32) for n in names}
+    for b, (_, s) in enumerate(chain_rows(samples)):
         values = getattr(s, field)
         missing = [n for n in names if n not in values]
         if missing:
@@ -179,15 +210,17 @@ def _row_values(samples: Sequence[Sample], field: str, batch_size: int) -> dict[
 
 
 def reward_arrays(
-    samples: Sequence[Sample], batch_size: int
+    samples: Sequence[Sample], batch_size: int, rows: int | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """(reward terms, effort counts), each name -> [batch_size] float32, padding rows 0.
+    """(reward terms, effort counts), each name -> [rows] float32 (rows as make_batch lays them
+    out: a chain's terms on each of its segments), padding rows 0.
 
     Every sample must carry the same names (a term one sample lacks would silently count as 0).
     """
     if len(samples) > batch_size:
         raise ValueError(f"{len(samples)} samples do not fit batch_size={batch_size}")
+    B = _rows(len(chain_rows(samples)), batch_size, rows)
     return (
-        _row_values(samples, "reward_terms", batch_size),
-        _row_values(samples, "effort", batch_size),
+        _row_values(samples, "reward_terms", B),
+        _row_values(samples, "effort", B),
     )

@@ -73,6 +73,16 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.rollout.max_attempts = 3  # an episode that raises is played again, then given up
     # Simulated test-suite runtimes (benchmarks): Pareto (scale_s, alpha) per task; (0, 0) off.
     r.rollout.test_latency_pareto = (0.0, 0.0)
+    # Long episodes (c2/rl/episodes.py): "self_summary" (the model summarises at the trigger and
+    # goes on from its summary in a new sequence), "compaction" (a digest written without the
+    # model) or "none" (the context ends the episode). Tokens; 0: the defaults (trigger:
+    # rollout.max_tokens - summary budget - max_turn_tokens; summary budget: max_tokens // 8).
+    r.context_management = "none"
+    r.summary = ml_collections.ConfigDict()
+    r.summary.trigger_tokens = 0
+    r.summary.trigger_tokens_max = 0  # above trigger_tokens: drawn per prompt (a group shares it)
+    r.summary.max_tokens = 0
+    r.summary.max_segments = 4  # the chain's budget
     r.objective = ml_collections.ConfigDict()
     o = ObjectiveConfig(group_size=1, loss_constant=1.0)
     for name in OBJECTIVE_FIELDS:
@@ -126,6 +136,15 @@ def objective_config(config: ml_collections.ConfigDict) -> ObjectiveConfig:
         raise ConfigError(f"config.rl.objective: {e}") from e
 
 
+_SUMMARY_FIELDS = {
+    "context_management": "context_management",
+    "summary_trigger_max": "summary.trigger_tokens_max",
+    "summary_trigger": "summary.trigger_tokens",
+    "summary_max_tokens": "summary.max_tokens",
+    "max_segments": "summary.max_segments",
+}
+
+
 def rollout_config(config: ml_collections.ConfigDict) -> RolloutConfig:
     ro = config.rl.rollout
     fields = {k: ro[k] for k in ro if k != "engine_slots"}
@@ -135,10 +154,21 @@ def rollout_config(config: ml_collections.ConfigDict) -> RolloutConfig:
             f"config.rl.rollout.test_latency_pareto={latency}: expected (scale_s, alpha)"
         )
     fields["test_latency_pareto"] = tuple(float(x) for x in latency)
+    sm = config.rl.summary
+    fields |= dict(
+        context_management=config.rl.context_management,
+        summary_trigger=sm.trigger_tokens,
+        summary_trigger_max=sm.trigger_tokens_max,
+        summary_max_tokens=sm.max_tokens,
+        max_segments=sm.max_segments,
+    )
     try:
         return RolloutConfig(**fields)
-    except ValueError as e:
-        raise ConfigError(f"config.rl.rollout: {e}") from e
+    except ValueError as e:  # named by the config's field, not RolloutConfig's
+        message = str(e)
+        for field, name in _SUMMARY_FIELDS.items():
+            message = message.replace(f"RolloutConfig.{field}", f"config.rl.{name}")
+        raise ConfigError(message.replace("RolloutConfig", "config.rl.rollout")) from e
 
 
 def reward_weights(config: ml_collections.ConfigDict) -> dict[str, float]:

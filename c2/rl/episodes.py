@@ -14,6 +14,24 @@ episode holds one engine slot from submit to release, so at most `engine` slots 
 flight; when every one waits for its tools the loop waits on them (it never steps an idle engine).
 Budgets are checked before the engine would refuse: per turn (`max_turn_tokens`), per episode
 (`max_tokens`, prompt and observations included) and the engine's context (`max_len`).
+
+Context management (`RolloutConfig.context_management`) turns an episode into a chain of
+segments, each a sequence of its own that fits the context:
+
+  "self_summary"  when the next observation would take the segment past its trigger
+                  (`summary_trigger` tokens, drawn per prompt up to `summary_trigger_max`, so a
+                  group shares it), or leave no room for a summary after it, the observation
+                  goes in with a summary instruction; the model writes a summary (at most
+                  `summary_max_tokens`; cut there if longer) and the episode goes on in a new
+                  sequence: system prompt + task + summary, in the same workspace. The summary
+                  is generated, so it is trained.
+  "compaction"    the baseline: at the same points the new sequence starts from a digest
+                  written without the model (the tool calls made so far, the last output).
+  "none"          one sequence; the context ends the episode.
+
+`max_segments` is the chain's budget (stop reason "chain_budget"). The chain is graded once, at
+its end; every segment becomes a Sample with the chain's reward terms and effort (the last one
+holds the earlier ones in `segments`), so every segment gets the chain's advantage.
 """
 
 from __future__ import annotations
@@ -55,7 +73,16 @@ STOP_REASONS = (
     "turn_budget",  # a reply ran out of max_turn_tokens before <|im_end|>
     "prompt_too_long",
     "rollout_error",  # its tools, grading or the engine raised on every attempt
+    "chain_budget",  # context management needed another segment beyond max_segments
 )
+CONTEXT_MANAGEMENT = ("none", "self_summary", "compaction")
+SUMMARY_INSTRUCTION = (
+    "Your context is nearly full. Summarise your progress so far for yourself: what the task "
+    "needs, what you found (keep exact names and values), what you changed, and what is left. "
+    "Reply with the summary only, no tool call."
+)
+SUMMARY_HEADER = "Summary of your work so far (your context was reset; the files you changed are "
+SUMMARY_HEADER += "as you left them):"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +103,12 @@ class RolloutConfig:
     # Simulated test-suite runtime (benchmarks): each task's grading waits scale * U^(-1/alpha)
     # seconds (Pareto, U drawn from the task id), at most 20 * scale. (0, 0): off.
     test_latency_pareto: tuple[float, float] = (0.0, 0.0)
+    # Context management (module doc). Triggers and budgets in tokens; 0: the defaults below.
+    context_management: str = "none"
+    summary_trigger: int = 0  # 0: max_tokens - summary_max_tokens - max_turn_tokens
+    summary_trigger_max: int = 0  # > summary_trigger: drawn per prompt in [trigger, max]
+    summary_max_tokens: int = 0  # 0: max_tokens // 8
+    max_segments: int = 4
 
     def __post_init__(self):
         for k in ("max_turns", "max_tokens", "max_turn_tokens", "max_observation_chars"):
@@ -84,12 +117,45 @@ class RolloutConfig:
         for k in ("tool_workers", "max_attempts"):
             if getattr(self, k) < 1:
                 raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
+        if self.context_management not in CONTEXT_MANAGEMENT:
+            raise ValueError(
+                f"RolloutConfig.context_management={self.context_management!r}: expected one of "
+                f"{CONTEXT_MANAGEMENT}"
+            )
+        for k in ("summary_trigger", "summary_trigger_max", "summary_max_tokens"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 0")
+        if self.max_segments < 1:
+            raise ValueError(f"RolloutConfig.max_segments={self.max_segments}: expected >= 1")
+        if self.context_management != "none":
+            (lo, hi), room = self.trigger_range, self.max_tokens - self.summary_budget
+            if not 0 < lo <= hi <= room:
+                raise ValueError(
+                    f"RolloutConfig.summary_trigger={lo} (up to RolloutConfig.summary_trigger_max="
+                    f"{hi}) must lie in (0, max_tokens - summary budget = {room}]: the summary "
+                    "must fit in the context after the trigger"
+                )
         scale, alpha = self.test_latency_pareto
         if scale < 0 or alpha < 0 or (scale > 0) != (alpha > 0):
             raise ValueError(
                 f"RolloutConfig.test_latency_pareto={self.test_latency_pareto}: expected "
                 "(scale_s > 0, alpha > 0), or (0, 0) for off"
             )
+
+    @property
+    def summary_budget(self) -> int:
+        return self.summary_max_tokens or max(1, self.max_tokens // 8)
+
+    @property
+    def trigger_range(self) -> tuple[int, int]:
+        lo = self.summary_trigger or self.max_tokens - self.summary_budget - self.max_turn_tokens
+        return lo, max(lo, self.summary_trigger_max)
+
+    def trigger(self, prompt_id: str) -> int:
+        """The segment length (tokens) past which a chain cuts: the same for a whole group."""
+        lo, hi = self.trigger_range
+        digest = hashlib.sha256(f"trigger:{prompt_id}".encode()).digest()
+        return lo + int.from_bytes(digest[:8], "little") % (hi - lo + 1)
 
     def test_latency_s(self, task_id: str) -> float:
         """The simulated test runtime of a task (0 when off); the same for every episode of it."""
@@ -126,6 +192,15 @@ class _Live:
     calls_after_submit: int = 0
     t0: float = 0.0
     dropped: bool = False  # failed and played again: results still pending for it are void
+    # Chains (context management): the finished segments' token fields, the whole chain's
+    # generated ids per turn and observation tokens (its effort), and what compaction digests.
+    segments: list = dataclasses.field(default_factory=list)
+    all_turns: list = dataclasses.field(default_factory=list)
+    chain_obs_tokens: int = 0
+    history: list = dataclasses.field(default_factory=list)  # (call summaries, outputs)
+    summarising: bool = False
+    summaries_cut: int = 0
+    trigger: int = 0
 
 
 class EpisodeRunner:
@@ -327,9 +402,16 @@ class EpisodeRunner:
         ep = Episode(episode_id, task.task_id, 0, workspace, [], [])
         prompt = self.chat.prompt(system, task.instruction)
         live = _Live(req, ep, tools, prompt=prompt, t0=time.monotonic())
+        live.trigger = c.trigger(req.prompt_id) if c.context_management != "none" else self.limit
         if len(prompt) + 1 > self.limit:
             ep.stop_reason = "prompt_too_long"
             return live
+        self._submit(live, prompt)
+        return live
+
+    def _submit(self, live: _Live, prompt: np.ndarray) -> None:
+        c = self.config
+        live.prompt, live.turns, live.tool_output_tokens = prompt, [], 0
         live.rid = self.engine.submit(
             prompt,
             min(c.max_turn_tokens, self.limit - len(prompt)),
@@ -338,14 +420,19 @@ class EpisodeRunner:
             top_p=c.top_p,
             top_k=c.top_k,
         )
-        return live
 
     def _after_turn(self, live: _Live, comp: Completion, pool, futures, running) -> None:
         """A reply ended: read its tool calls and run them, or end the episode."""
         ep, ids = live.ep, [int(t) for t in comp.tokens]
         live.turns.append(ids)
-        ep.turns += 1
+        live.all_turns.append(ids)
         ep.model_tokens += len(ids)
+        if live.summarising:  # the reply is the summary: a new segment starts from it
+            if comp.finish_reason == "length" and (not ids or ids[-1] != self.chat.im_end):
+                live.summaries_cut += 1  # cut at its budget; the chain goes on with what it has
+            self._new_segment(live, self.chat.reply_text(ids), running)
+            return
+        ep.turns += 1
         if comp.finish_reason == "length" and (not ids or ids[-1] != self.chat.im_end):
             budget_left = self.limit - self._length(live)
             ep.stop_reason = "max_tokens" if budget_left <= 0 else "turn_budget"
@@ -372,6 +459,7 @@ class EpisodeRunner:
             elif not result.ok and result.error is not None:
                 ep.tool_errors += 1
             outputs.append(result.content)
+            live.history.append((_call_summary(call), result.content))
             if getattr(call, "name", None) == "submit":
                 ep.submitted, ep.final_message = True, call.arguments["message"]
                 ep.stop_reason = "submit"
@@ -389,13 +477,76 @@ class EpisodeRunner:
             self._finish(live, pool, futures, running)
             return
         obs = self.chat.observation(outputs)
+        if c.context_management != "none" and self._cut_now(live, outputs, obs):
+            if len(live.segments) + 1 >= c.max_segments:
+                ep.stop_reason = "chain_budget"
+                self._finish(live, pool, futures, running)
+                return
+            if c.context_management == "compaction":
+                self._new_segment(live, self._digest(live), running)
+                return
+            if self._ask_for_summary(live, outputs):
+                return
         room = self.limit - self._length(live) - len(obs)
         if room < 1:
             ep.stop_reason = "context" if self.limit == self.engine.max_len else "max_tokens"
             self._finish(live, pool, futures, running)
             return
         live.tool_output_tokens += len(obs)
+        live.chain_obs_tokens += len(obs)
         self.engine.extend(live.rid, obs, min(c.max_turn_tokens, room))
+
+    # Chains ---------------------------------------------------------------------------------
+
+    def _cut_now(self, live: _Live, outputs, obs) -> bool:
+        """Past the trigger, or the last observation after which a summary still fits."""
+        length = self._length(live)
+        if length + len(obs) > live.trigger:
+            return True
+        asked = self.chat.observation(outputs, note=SUMMARY_INSTRUCTION)
+        return length + len(asked) + self.config.summary_budget > self.limit
+
+    def _ask_for_summary(self, live: _Live, outputs) -> bool:
+        """Feed the observation with the summary instruction; the next reply is the summary.
+        An observation too long to leave room for the summary is replaced by a notice."""
+        budget = self.config.summary_budget
+        for outs in (outputs, ["(output omitted: the context is full)"] * len(outputs)):
+            obs = self.chat.observation(outs, note=SUMMARY_INSTRUCTION)
+            room = self.limit - self._length(live) - len(obs)
+            if room >= min(budget, 16):
+                live.summarising = True
+                live.tool_output_tokens += len(obs)
+                live.chain_obs_tokens += len(obs)
+                self.engine.extend(live.rid, obs, min(budget, room))
+                return True
+        return False
+
+    def _digest(self, live: _Live) -> str:
+        """Compaction: what the chain did so far, in a fixed format, without the model."""
+        lines = ["Earlier in this task you made these tool calls (outputs omitted):"]
+        lines += [f"{i}. {call}" for i, (call, _) in enumerate(live.history, 1)]
+        if live.history:
+            last = live.history[-1][1]
+            lines.append("The last output was:\n" + last[: self.config.max_observation_chars // 2])
+        return "\n".join(lines)
+
+    def _new_segment(self, live: _Live, summary: str, running) -> None:
+        """Close this segment (its trajectory is kept for training) and go on in a new sequence
+        from the system prompt, the task and `summary`, in the same workspace."""
+        traj = self.engine.release(live.rid)
+        del running[live.rid]
+        live.segments.append(_trajectory_fields(traj))
+        live.summarising = False
+        task, system = live.req.task, task_system_prompt(live.req.task)
+        head = f"{task.instruction}\n\n{SUMMARY_HEADER}\n"
+        # Room for the summary: the new sequence must leave a turn's budget for the next reply.
+        room = self.limit - self.config.max_turn_tokens - len(self.chat.prompt(system, head))
+        ids = list(self.chat.tokenizer.encode(summary))[: max(room, 0)]
+        prompt = self.chat.prompt(system, head + self.chat.tokenizer.decode(ids))
+        if len(prompt) + 1 > self.limit:  # not even the header fits: the task alone (it did)
+            prompt = self.chat.prompt(system, task.instruction)
+        self._submit(live, prompt)
+        running[live.rid] = live
 
     def _length(self, live: _Live) -> int:
         return len(live.prompt) + sum(len(t) for t in live.turns) + live.tool_output_tokens
@@ -415,23 +566,14 @@ class EpisodeRunner:
         terms = reward_terms(
             record, ep.final_message, ep.invalid_tool_calls, live.calls_after_submit
         )
-        effort = effort_counts(self.chat, live.turns, live.tool_output_tokens, ep.tool_calls)
-        traj = live.trajectory
-        if traj is None:  # never generated: the prompt alone, nothing to train
-            traj_fields = _untrained(live.prompt, self.engine.cfg)
+        effort = effort_counts(self.chat, live.all_turns, live.chain_obs_tokens, ep.tool_calls)
+        if live.trajectory is None:  # never generated: the prompt alone, nothing to train
+            last = _untrained(live.prompt, self.engine.cfg)
         else:
-            traj_fields = dict(
-                tokens=np.asarray(traj.token_ids, np.int32),
-                loss_mask=np.asarray(traj.generated, np.uint8),
-                logprobs=np.asarray(traj.logprobs, np.float32),
-                versions=np.asarray(traj.versions, np.int32),
-                routing=np.asarray(traj.routed_experts),
-            )
+            last = _trajectory_fields(live.trajectory)
         if not self.config.keep_workspaces:
             shutil.rmtree(ep.workspace, ignore_errors=True)
-        return self._sample(
-            req,
-            **traj_fields,
+        chain = dict(
             reward_terms=terms,
             effort=effort,
             passed=record.passed,
@@ -440,6 +582,8 @@ class EpisodeRunner:
             info={
                 "episode_id": ep.episode_id,
                 "turns": ep.turns,
+                "segments": len(live.segments) + 1,
+                "summaries_cut": live.summaries_cut,
                 "tool_calls": ep.tool_calls,
                 "invalid_tool_calls": ep.invalid_tool_calls,
                 "calls_after_submit": live.calls_after_submit,
@@ -454,6 +598,15 @@ class EpisodeRunner:
                 "sandbox_limits_hit": record.interaction["sandbox_limits_hit"],
             },
         )
+
+        # Every segment carries the chain's grade and reward terms: one reward for the chain.
+        def own(k):  # each segment its own dicts: the trainer writes per-segment scores in them
+            return {n: dict(v) if isinstance(v, dict) else v for n, v in chain.items()} | {
+                "segment": k
+            }
+
+        earlier = [self._sample(req, **f, **own(k)) for k, f in enumerate(live.segments)]
+        return self._sample(req, **last, **own(len(earlier)), segments=earlier)
 
     def _failed_sample(self, req: EpisodeRequest, reason: str) -> Sample:
         """An episode that raised on every attempt: its prompt, nothing to train, reward 0."""
@@ -495,6 +648,28 @@ def _key(req: EpisodeRequest) -> tuple[str, int]:
 
 def _nap() -> None:
     time.sleep(0.01)
+
+
+def _trajectory_fields(traj) -> dict:
+    """Sample fields of an engine Trajectory."""
+    return dict(
+        tokens=np.asarray(traj.token_ids, np.int32),
+        loss_mask=np.asarray(traj.generated, np.uint8),
+        logprobs=np.asarray(traj.logprobs, np.float32),
+        versions=np.asarray(traj.versions, np.int32),
+        routing=np.asarray(traj.routed_experts),
+    )
+
+
+def _call_summary(call) -> str:
+    """One line for a compaction digest: the tool and its arguments, long values clipped."""
+    if isinstance(call, InvalidToolCall):
+        return "(an invalid tool call)"
+    args = ", ".join(
+        f"{k}={(v if len(str(v)) <= 60 else str(v)[:57] + '...')!r}"
+        for k, v in call.arguments.items()
+    )
+    return f"{call.name}({args})"
 
 
 def _untrained(prompt, cfg) -> dict:

@@ -46,6 +46,7 @@ def summarize(samples: Sequence[Sample]) -> dict:
     best = np.array([pass_at_k(K, sum(v), K) for v in tasks.values()])
     m1, lo1, hi1 = _interval(p1)
     mk, lok, hik = _interval(best)
+    tokens = np.array([sum(seg.generated_tokens for seg in s.chain) for s in samples])
     terms = defaultdict(list)
     for s in samples:
         for name, v in s.reward_terms.items():
@@ -58,7 +59,12 @@ def summarize(samples: Sequence[Sample]) -> dict:
         "pass@1_ci95": [lo1, hi1],
         f"best_of_{K}": mk,
         f"best_of_{K}_ci95": [lok, hik],
-        "generated_tokens_mean": float(np.mean([s.generated_tokens for s in samples])),
+        "generated_tokens_mean": float(np.mean(tokens)),
+        # What a solved task costs: generated tokens (every segment of a chain) per pass.
+        "tokens_per_solved_task": float(np.sum(tokens) / max(sum(s.passed for s in samples), 1))
+        if any(s.passed for s in samples)
+        else None,
+        "segments_mean": float(np.mean([len(s.chain) for s in samples])),
         **{f"term_{k}_mean": float(np.mean(v)) for k, v in sorted(terms.items())},
         "per_task_passes": {t: int(sum(v)) for t, v in sorted(tasks.items())},
     }

@@ -126,8 +126,9 @@ class Scheduler:
 
 
 def oldest_version(sample: Sample) -> int | None:
-    """The version of the sample's oldest generated token (None: it generated nothing)."""
-    versions = sample.versions[sample.loss_mask > 0]
+    """The version of the oldest generated token of the sample's chain (None: it generated
+    nothing)."""
+    versions = np.concatenate([x.versions[x.loss_mask > 0] for x in sample.chain])
     return int(versions.min()) if len(versions) else None
 
 
@@ -248,7 +249,7 @@ class AsyncRollouts:
     def _finished(self, sample: Sample) -> None:
         with self._cond:
             self.scheduler.add(sample)
-            self._finished_tokens += sample.generated_tokens
+            self._finished_tokens += sum(x.generated_tokens for x in sample.chain)
             self._finished_samples += 1
             self._cond.notify_all()
 

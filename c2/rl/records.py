@@ -1,16 +1,21 @@
 """Rollout samples: what an episode hands the trainer, and their JSONL records (a contract).
 
-One `Sample` per episode (per segment, once episodes are chains). Per token: the ids exactly as
-the engine sampled and was fed, the loss mask (1 on generated ids), the behaviour logprob (the
-sampling distribution's, 0 elsewhere), the policy version that produced it (-1 elsewhere) and the
-routed experts. Per sample: the sampling settings, so the trainer recomputes logprobs under the
-same distribution, the reward terms and the grade.
+One `Sample` per segment of an episode. An episode is a chain of segments (one, unless context
+management cut it: self-summarisation or compaction start a new sequence at a token trigger); the
+runner hands over the chain's last segment, which holds the earlier ones in `segments`, and every
+segment carries the chain's reward terms and grade (one reward for the whole chain). Per token:
+the ids exactly as the engine sampled and was fed, the loss mask (1 on generated ids), the
+behaviour logprob (the sampling distribution's, 0 elsewhere), the policy version that produced it
+(-1 elsewhere) and the routed experts. Per sample: the sampling settings, so the trainer
+recomputes logprobs under the same distribution, the reward terms and the grade.
 
 On disk, `<stage workdir>/rollouts/<name>.jsonl` holds one line per sample with the contract
 fields `prompt_id, group_id, sample_index, tokens, loss_mask, logprobs, versions, reward,
 reward_terms, passed, trained_step` (and more, below); routed experts go to a binary side file
 `<name>.routing.npy.zst` (zstd-compressed `.npy` of every sample's [T, L_moe, k] rows end to end),
-located by each record's `routing` entry {file, offset, length}.
+located by each record's `routing` entry {file, offset, length}. One line per segment: `chain_id`
+("group_id/sample_index"), `segment` (0, 1, ...) and `segments` (the chain's length) say which; a
+reader counting episodes takes the lines with segment == segments - 1.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class Sample:
     reward: float | None = None  # the combined reward, set when the trainer scores it
     trained_step: int | None = None
     info: dict = dataclasses.field(default_factory=dict)  # turns, tool calls, grade, timings
+    segment: int = 0  # this segment's index in its chain
+    segments: list[Sample] = dataclasses.field(default_factory=list)  # the chain's earlier ones
 
     def __post_init__(self):
         T = len(self.tokens)
@@ -88,13 +95,23 @@ class Sample:
         return int(np.sum(self.loss_mask))
 
     @property
+    def chain(self) -> list[Sample]:
+        """Every segment of this sample's chain, in order (this one last)."""
+        return [*self.segments, self]
+
+    @property
+    def chain_id(self) -> str:
+        return f"{self.group_id}/{self.sample_index}"
+
+    @property
     def min_version(self) -> int:
-        """The oldest policy version among the generated ids (-1 if none)."""
-        v = self.versions[self.loss_mask > 0]
+        """The oldest policy version among the generated ids of the chain (-1 if none)."""
+        v = np.concatenate([s.versions[s.loss_mask > 0] for s in self.chain])
         return int(v.min()) if v.size else -1
 
-    def record(self, routing_ref: dict | None = None) -> dict:
-        """The JSONL record (contract fields first)."""
+    def record(self, routing_ref: dict | None = None, segments: int | None = None) -> dict:
+        """The JSONL record (contract fields first); `segments`: the chain's length (this
+        segment's chain, when it is the last one)."""
         return {
             "prompt_id": self.prompt_id,
             "group_id": self.group_id,
@@ -113,6 +130,9 @@ class Sample:
             "stop_reason": self.stop_reason,
             "failure_reason": self.failure_reason,
             "routing": routing_ref,
+            "chain_id": self.chain_id,
+            "segment": self.segment,
+            "segments": len(self.segments) + 1 if segments is None else segments,
             "info": self.info,
         }
 
@@ -130,14 +150,19 @@ def _decompress(data: bytes) -> np.ndarray:
 
 def write_rollouts(directory: str | os.PathLike, name: str, samples: Sequence[Sample]) -> Path:
     """`directory/name.jsonl` and its routing side file, each written whole then renamed into
-    place (a crash leaves the previous file or none, never half a file). Returns the JSONL path."""
+    place (a crash leaves the previous file or none, never half a file). Returns the JSONL path.
+    A chain's last segment brings its earlier ones: every segment gets its own line."""
+    seen: set[int] = set()  # given the segments themselves too, each is written once
+    samples = [x for s in samples for x in s.chain if not (id(x) in seen or seen.add(id(x)))]
+    length = {s.chain_id: s.segment + 1 for s in samples if not s.segments}
+    length |= {s.chain_id: len(s.segments) + 1 for s in samples if s.segments}
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     side = f"{name}.routing.npy.zst"
     lines, offset = [], 0
     for s in samples:
         ref = {"file": side, "offset": offset, "length": s.length}
-        lines.append(json.dumps(s.record(ref)))
+        lines.append(json.dumps(s.record(ref, length[s.chain_id])))
         offset += s.length
     if samples:
         routing = np.concatenate([s.routing for s in samples])

@@ -35,7 +35,7 @@ from c2 import model as model_lib
 from c2 import sharding
 from c2.infer.sampling import sampling_logprobs
 from c2.model.config import ModelConfig
-from c2.rl.batching import BATCH_KEYS, ROW_KEYS, TOKEN_KEYS
+from c2.rl.batching import BATCH_KEYS, CHAIN_KEYS, ROW_KEYS, TOKEN_KEYS
 from c2.rl.objectives import (
     REWARD_SIGNS,
     EffortWeights,
@@ -152,6 +152,7 @@ class RLLearner:
         self._specs = {k: token_spec for k in TOKEN_KEYS}
         self._specs |= {k: P(token_spec[0]) for k in ROW_KEYS}
         self._specs["routing"] = P(None, *token_spec, None)  # [L_moe, B, T, k]
+        self._specs |= {k: P() for k in CHAIN_KEYS}  # [B_c]: a few values, on every device
         self._row_spec = P(token_spec[0])
         token_sharding = NamedSharding(mesh, token_spec)
         self._logp_jit = jax.jit(self._logp_batch, out_shardings=(token_sharding,) * 3)
@@ -241,6 +242,8 @@ class RLLearner:
         B, T = shape
         c = self.cfg
         want = {k: (B, T) for k in TOKEN_KEYS} | {k: (B,) for k in ROW_KEYS}
+        C = np.shape(batch["chain_valid"])[0] if np.ndim(batch["chain_valid"]) == 1 else -1
+        want |= {k: (C,) for k in CHAIN_KEYS}
         want["routing"] = (c.n_moe_layers, B, T, c.n_experts_per_token)
         for key, expected in want.items():
             if np.shape(batch[key]) != expected:
@@ -248,16 +251,20 @@ class RLLearner:
                     f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} "
                     f"(B={B}, T={T} from batch['inputs'])"
                 )
-        for key in ("inputs", "targets", "positions", "segment_ids", "routing", "top_k"):
+        for key in ("inputs", "targets", "positions", "segment_ids", "routing", "top_k", "chain"):
             if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
                 raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
         mb = self.micro_batch_size
         if B % mb:
             raise ValueError(f"batch size B={B} is not divisible by micro_batch_size={mb}")
-        if B % self.objective.group_size:
+        if C % self.objective.group_size:
             raise ValueError(
-                f"batch size B={B} is not a multiple of group_size={self.objective.group_size}"
+                f"chains B_c={C} (batch['chain_valid']) are not a multiple of "
+                f"group_size={self.objective.group_size}"
             )
+        chain = np.asarray(batch["chain"])
+        if ((chain < 0) | (chain >= C)).any():
+            raise ValueError(f"batch['chain'] holds ids outside [0, B_c={C})")
         sharding.check_divisible(self.mesh, batch=B, seq=T)
         return B, T
 
@@ -374,7 +381,8 @@ class RLLearner:
         def body(_, mb):
             return None, self._token_logp(params, mb)
 
-        _, out = jax.lax.scan(body, None, self._micro(batch))
+        rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS}
+        _, out = jax.lax.scan(body, None, self._micro(rows))
         return tuple(self._merge(x_nBT) for x_nBT in out)
 
     def _rewards(self, kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step):
@@ -395,6 +403,19 @@ class RLLearner:
             weights["length_penalty"] = self._length_penalty_weight
         total_B, log = combine_rewards(terms, weights, step)
         return total_B, log, kl_B
+
+    def _chain_advantages(self, total_B, valid_B, chain_B, chain_valid_C):
+        """Advantages by chain: a chain's reward is the mean of its rows' (its segments share the
+        environment's terms and effort; the KL term, per segment, is averaged), the configured
+        estimator runs over chains group by group, and each row takes its chain's advantage.
+        Without segments (chain_B = arange(B)) this is the estimator on the rows."""
+        C = chain_valid_C.shape[0]
+        w_B = valid_B.astype(jnp.float32)
+        n_C = jax.ops.segment_sum(w_B, chain_B, num_segments=C)
+        reward_C = jax.ops.segment_sum(total_B * w_B, chain_B, num_segments=C)
+        reward_C = reward_C / jnp.maximum(n_C, 1.0)
+        adv_C = objective_advantages(self.objective, reward_C, chain_valid_C & (n_C > 0))
+        return jnp.where(valid_B, adv_C[chain_B], 0.0)
 
     def _update(
         self,
@@ -424,7 +445,7 @@ class RLLearner:
         total_B, log, kl_B = self._rewards(
             kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
         )
-        adv_B = objective_advantages(obj, total_B, valid_B)
+        adv_B = self._chain_advantages(total_B, valid_B, batch["chain"], batch["chain_valid"])
         normalizers = loss_normalizers(keep_BT)
         _, whole = rl_loss(pg_obj, logp_BT, behaviour_BT, adv_B, keep_BT, **normalizers)
 

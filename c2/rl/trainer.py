@@ -70,34 +70,51 @@ CURVES = {
 
 def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) -> list[Task]:
     """Tasks in ledger order, independent of how many a run needs (so a resumed run with more
-    steps keeps the order): "functions" generates tasks 0..n-1 of (seed, split) into
+    steps keeps the order): "functions" and "notes" generate tasks 0..n-1 of (seed, split) into
     workdir/tasks/<split> (each task is its own seeded draw: index order is the order); a
     directory gives all its tasks in a seeded hash order."""
-    if spec.partition(":")[0] == "functions":
+    kind, _, rest = spec.partition(":")
+    if kind == "functions":
         from c2.envs.functions import LEVELS, generate_function_tasks
 
-        level = spec.partition(":")[2] or "full"
+        level = rest or "full"
         if level not in LEVELS:
             raise ConfigError(f"config.rl.tasks={spec!r}: level {level!r} is not one of {LEVELS}")
-        out = workdir / "tasks" / split
-        done = out / "done.json"
         want = {"n": n, "seed": seed, "level": level}
-        if done.is_file() and json.loads(done.read_text()) == want:
-            return load_tasks(out)
-        if out.exists():  # another size, or half-written by a crash: make it again
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        tasks = generate_function_tasks(out, n, seed, split, level)
-        done.write_text(json.dumps(want))
-        return tasks
+        make = lambda out: generate_function_tasks(out, n, seed, split, level)  # noqa: E731
+        return _generated(workdir / "tasks" / split, want, make)
+    if kind == "notes":  # notes[:full|fixed][:files[:note_chars]]
+        from c2.envs.notes import generate_notes_tasks, parse_spec
+
+        try:
+            level, files, chars = parse_spec(spec)
+        except ValueError as e:
+            raise ConfigError(f"config.rl.tasks: {e}") from None
+        want = {"n": n, "seed": seed, "files": files, "note_chars": chars, "level": level}
+        make = lambda out: generate_notes_tasks(out, n, seed, split, files, chars, level)  # noqa: E731
+        return _generated(workdir / "tasks" / split, want, make)
     path = Path(spec)
     if not path.is_dir():
         raise ConfigError(
-            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic]' or a task directory"
+            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic]', "
+            "'notes[:full|fixed][:files[:note_chars]]' or a task directory"
         )
     tasks = load_tasks(path)
     key = lambda t: hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()  # noqa: E731
     return sorted(tasks, key=key)
+
+
+def _generated(out: Path, want: dict, make) -> list[Task]:
+    """Generated tasks in `out`, made again unless done.json says they are these (`want`)."""
+    done = out / "done.json"
+    if done.is_file() and json.loads(done.read_text()) == want:
+        return load_tasks(out)
+    if out.exists():  # another size, or half-written by a crash: make it again
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    tasks = make(out)
+    done.write_text(json.dumps(want))
+    return tasks
 
 
 @dataclasses.dataclass
@@ -242,6 +259,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             t0 = time.perf_counter()
             samples = [x for g in groups for x in sorted(g.samples, key=lambda x: x.sample_index)]
             _check_staleness(samples, s, r.max_staleness)
+            rows = [seg for x in samples for seg in x.chain]  # a row per segment
+            last_rows = np.cumsum([len(x.chain) for x in samples]) - 1
             batch = make_batch(
                 samples,
                 batch_size=len(samples),
@@ -256,22 +275,23 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             )
             step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
             per_sample = jax.device_get(per_sample)
+            per_chain = {k: np.asarray(v)[last_rows] for k, v in per_sample.items()}
             rollouts.publish(_for_engine(params, mesh), step)
             t_train = time.perf_counter() - t0
             ids = [g.prompt_id for g in groups]
             ledger.mark(ids)
-            _score(samples, per_sample, step)
+            _score(rows, per_sample, step)
             write_rollouts(rollouts_dir, f"step_{step:06d}", samples)
             T = batch["inputs"].shape[1]
             now, counts = time.perf_counter(), rollouts.counters()
             wall = now - t_prev
-            counters.tokens += len(samples) * T
-            counters.flops += len(samples) * T * task.flops_per_token
+            counters.tokens += len(rows) * T
+            counters.flops += len(rows) * T * task.flops_per_token
             counters.device_seconds += wall * mesh.devices.size
             record = (
                 step_metrics
                 | _episode_metrics(samples)
-                | orchestrator.staleness_metrics(groups, s, per_sample)
+                | orchestrator.staleness_metrics(groups, s, per_chain)
                 | {
                     "generated_tokens_per_s": (counts["tokens"] - seen["tokens"]) / wall,
                     "rollout_samples_per_s": (counts["samples"] - seen["samples"]) / wall,
@@ -279,7 +299,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     "trainer_idle_frac": waited / wall,
                     "rollout_errors": float(sum(runner.counts.values())),
                     "train_s": t_train,
-                    "train_tokens_per_s": len(samples) * T / max(t_train, 1e-9),
+                    "train_tokens_per_s": len(rows) * T / max(t_train, 1e-9),
                     "step_time_s": wall,
                     "cum_tokens": counters.tokens,
                     "cum_flops": counters.flops,
@@ -361,9 +381,11 @@ def _episode_metrics(samples: list[Sample]) -> dict:
     out = {
         "pass_rate": float(np.mean([s.passed for s in samples])),
         "turns_mean": float(np.mean([s.info["turns"] for s in samples])),
-        "generated_tokens_mean": float(np.mean([s.generated_tokens for s in samples])),
+        "generated_tokens_mean": float(np.mean([_chain_tokens(s) for s in samples])),
         "sample_tokens_max": float(max(s.length for s in samples)),
         "invalid_tool_calls_mean": float(np.mean([s.info["invalid_tool_calls"] for s in samples])),
+        "segments_mean": float(np.mean([len(s.chain) for s in samples])),
+        "summaries_cut": float(sum(s.info.get("summaries_cut", 0) for s in samples)),
     }
     for name in ("task", "style", "communication", "tool_call_penalty"):
         out[f"term/{name}"] = float(np.mean([s.reward_terms[name] for s in samples]))
@@ -422,3 +444,7 @@ def _final_summary(evals: dict[int, dict], steps: int) -> dict:
 
 def _brief(e: dict) -> dict:
     return {k: v for k, v in e.items() if k != "per_task_passes"}
+
+
+def _chain_tokens(s: Sample) -> int:
+    return sum(seg.generated_tokens for seg in s.chain)

@@ -12,6 +12,7 @@ class _Sample:
         self.prompt_id, self.sample_index = prompt_id, index
         self.versions = np.array([-1, version, version + 1], np.int32)
         self.loss_mask = np.array([0, 1, 1], np.uint8)
+        self.chain = [self]  # one segment
 
 
 def _simulate(P, G, S, steps, seed):

@@ -457,3 +457,36 @@ def test_router_replay_off_routes_every_token_itself(params, learner, random_bat
     p = learner.shard_params(copy(params))
     np.testing.assert_array_equal(off.logprobs(p, batch), off.logprobs(p, other))
     assert not np.allclose(learner.logprobs(p, batch), learner.logprobs(p, other))
+
+
+def test_segments_of_a_chain_share_the_chains_advantage(params, learner):
+    """Four chains of one group, cut into 3, 1, 2 and 1 segments (7 rows, padded to 8): each row
+    takes its chain's advantage, computed over chains (the mean of the chain's row rewards, minus
+    the group's mean over chains), not over rows."""
+    rng = np.random.default_rng(3)
+    chains = []
+    for i, (n_seg, task) in enumerate([(3, 1.0), (1, 0.0), (2, 0.0), (1, 1.0)]):
+        terms = {"task": task, "style": 0.0, "tool_call_penalty": 0.0}
+        segs = [
+            make_sample(
+                rng.integers(0, CFG.vocab_size, 20), 8, 0, i, rng, reward_terms=terms, segment=k
+            )
+            for k in range(n_seg)
+        ]
+        segs[-1].segments = segs[:-1]
+        chains.append(segs[-1])
+    batch = make_batch(chains, batch_size=G, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    assert batch["inputs"].shape[0] == 8 and batch["valid"].sum() == 7
+    np.testing.assert_array_equal(batch["chain"][:7], [0, 0, 0, 1, 2, 2, 3])
+    batch = with_behaviour(learner, params, batch)
+    terms, effort = reward_arrays(chains, G)
+    np.testing.assert_array_equal(terms["task"], [1, 1, 1, 0, 0, 0, 1, 0])
+    _, _, _, per_sample = run_update(learner, params, batch, terms, effort)
+    reward = np.asarray(per_sample["reward"])[:7]
+    chain = batch["chain"][:7]
+    reward_c = np.array([reward[chain == c].mean() for c in range(4)])
+    want = (reward_c - reward_c.mean())[chain]
+    np.testing.assert_allclose(np.asarray(per_sample["advantage"])[:7], want, rtol=1e-5, atol=1e-6)
+    assert np.asarray(per_sample["advantage"])[7] == 0.0
+    # Counting rows instead of chains would give chain 0 (three rows) three votes.
+    assert abs(np.mean(want[[0, 3, 4, 6]])) < 1e-6 and abs(np.mean(want)) > 1e-3

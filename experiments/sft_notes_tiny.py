@@ -1,0 +1,35 @@
+"""Agent SFT for long episodes, tiny: oracle chains of the notes tasks (c2/envs/notes.py).
+
+Data: `data.corpus = "notes:fixed:3:120"`: the reference episodes of 600 notes tasks (read three
+notes of ~120 bytes, write total(n) = n + their values, submit), each cut once after one or two
+reads where the agent is asked for a summary (c2.rl.episodes.SUMMARY_INSTRUCTION) and writes it
+("Found a = 17, b = 4. Still to read: notes/c.txt. Then write total.py."), then goes on in a new
+sequence from the task and its summary; every other task also uncut. One conversation per
+segment (1,500), the loss on the replies and summaries. Held-out batches: the eval split's filler
+text. This is the start of experiments/rl_notes_tiny.py.
+
+Command:
+    python -m c2.main --config=experiments/sft_notes_tiny.py --workdir=runs/sft_notes_tiny
+"""
+
+from c2.train.config import stage_defaults
+
+
+def get_config(arg=None):
+    del arg
+    c = stage_defaults()
+    c.name = "sft_notes_tiny"
+    c.model.preset = "tiny_kimi_k2"
+    c.model.dtype = "float32"
+    c.data.kind = "sft"
+    c.data.corpus = "notes:fixed:3:120"
+    c.data.seq_len = 1536
+    c.data.batch_size = 4
+    c.data.eval_batches = 4
+    c.optimizer.lr = 2e-3
+    c.optimizer.warmup_steps = 20
+    c.optimizer.schedule = "cosine"
+    c.train.steps = 600
+    c.train.checkpoint_every = 200
+    c.train.eval_every = 200
+    return c

@@ -1,0 +1,85 @@
+"""The notes task family: deterministic, splits apart, the oracle passes and no-op fails, the
+reference chain renders the same ids the episode runner produces when replayed through it."""
+
+import shutil
+
+import numpy as np
+import pytest
+
+from c2.data.chat import AgentChat
+from c2.data.tokenizer import ByteTokenizer
+from c2.envs.grading import run_hidden_tests
+from c2.envs.notes import (
+    KEYS,
+    generate_notes_tasks,
+    notes_task,
+    oracle_chain,
+    read_file_output,
+    summary_text,
+)
+from c2.envs.sandbox import Sandbox
+from c2.envs.tools import ToolCall, Tools
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
+
+
+def test_deterministic_and_splits_apart():
+    a, b = notes_task(3, "train", 5), notes_task(3, "train", 5)
+    assert a == b and a != notes_task(4, "train", 5)
+    train = {k for i in range(30) for k in notes_task(0, "train", i)["metadata"]["keys"]}
+    held = {k for i in range(30) for k in notes_task(0, "eval", i)["metadata"]["keys"]}
+    assert train <= set(KEYS["train"]) and held <= set(KEYS["eval"]) and not train & held
+    t = notes_task(0, "eval", 1, files=4, note_chars=200)
+    meta = t["metadata"]
+    assert len(meta["keys"]) == 4 and len(t["workspace"]) == 4
+    for k, v in zip(meta["keys"], meta["values"]):
+        note = t["workspace"][f"notes/{k}.txt"]
+        assert f"{k} = {v}\n" in note and 180 <= len(note) <= 260
+    with pytest.raises(ValueError, match="split='test'"):
+        notes_task(0, "test", 0)
+
+
+def test_oracle_passes_noop_fails_and_reads_match_the_tool(tmp_path, sandbox: Sandbox):
+    tasks = generate_notes_tasks(tmp_path / "tasks", 3, 0, "eval")
+    for task in tasks:
+        work = task.materialize(tmp_path / f"w-{task.task_id}")
+        sandbox.give_workspace(work)
+        fail = run_hidden_tests(task, work, sandbox)
+        assert not any(fail.passed(t) for t in task.fail_to_pass)
+        for name in task.solution_dir.iterdir():
+            shutil.copy(name, work / name.name)
+        assert all(run_hidden_tests(task, work, sandbox).passed(t) for t in task.fail_to_pass)
+        tools = Tools(work, sandbox)
+        k = task.metadata["keys"][0]
+        got = tools(ToolCall("read_file", {"path": f"notes/{k}.txt"})).content
+        assert got == read_file_output((task.workspace_dir / "notes" / f"{k}.txt").read_text())
+
+
+def test_reference_chain_is_what_the_runner_plays(tmp_path, sandbox: Sandbox):
+    """The oracle's chain (cut after every read), replayed through the runner with a trigger
+    every observation crosses: the segments' ids and masks equal AgentChat's rendering of the
+    reference conversations, and the chain passes."""
+    from tests.rl.test_chains import ChainEngine
+
+    chat = AgentChat(ByteTokenizer())
+    (task,) = generate_notes_tasks(tmp_path / "tasks", 1, 2, "train", files=3, note_chars=120)
+    convs = oracle_chain(task, cuts=(1, 2, 3), submit_with_write=True)
+    assert len(convs) == 4
+    rendered = [chat.conversation(c) for c in convs]
+    replies = [[chat.reply(m["content"]) for m in c if m["role"] == "assistant"] for c in convs]
+    engine = ChainEngine(replies, max_len=2048, im_end=chat.im_end)
+    prompt_len = len(chat.prompt(convs[0][0]["content"], task.instruction))
+    cfg = RolloutConfig(
+        max_tokens=2048,
+        max_turn_tokens=400,
+        context_management="self_summary",
+        summary_trigger=prompt_len + 10,
+        summary_max_tokens=200,
+        max_segments=4,
+    )
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep", cfg)
+    (s,) = runner.run([EpisodeRequest(task, "p", "g", 0)])
+    assert s.passed and s.stop_reason == "submit" and len(s.chain) == 4
+    for seg, (ids, mask) in zip(s.chain, rendered):
+        np.testing.assert_array_equal(seg.tokens, ids)
+        np.testing.assert_array_equal(seg.loss_mask, mask.astype(np.uint8))
+    assert summary_text(task.metadata, 2) in convs[2][1]["content"]
