@@ -58,11 +58,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         tasks = [t for t in tasks if t.task_id in args.only or t.task_id[7:] in args.only]
     sandbox = Sandbox(SandboxLimits(max_file_mb=1024))
-    with ThreadPoolExecutor(max(1, args.workers)) as pool:
-        results = list(pool.map(lambda t: run_one(t, args.agent, sandbox), tasks))
-    for r in results:
+
+    def one(task):
+        r = run_one(task, args.agent, sandbox)
         why = (r["why"] or "").replace("\n", " ")[:160]
-        print(f"{r['task_id']}\t{'PASS' if r['passed'] else 'FAIL'}\t{r['seconds']}s\t{why}")
+        status = "PASS" if r["passed"] else "FAIL"
+        print(f"{r['task_id']}\t{status}\t{r['seconds']}s\t{why}", flush=True)
+        return r
+
+    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+        results = list(pool.map(one, tasks))
     if args.out:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in results))
     passed = sum(r["passed"] for r in results)
