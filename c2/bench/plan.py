@@ -1,0 +1,410 @@
+"""The per-device memory and compute plan of one training step, from XLA's own analyses.
+
+    python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py [--device_memory_gb 141]
+    python -m c2.bench.plan --config=experiments/long_context_kimi_k2.py --device_memory_gb 288
+    python -m c2.bench.plan --config=experiments/rl_kimi_k2.py
+
+Lowers and compiles one training step (loss, gradient, optimiser update, router-bias rule; the
+config's remat policy, optimiser, dtypes, quantisation, attention and expert-exchange choices) for
+the config's real mesh on simulated CPU devices (`--xla_force_host_platform_device_count` set to
+the mesh size before JAX starts), with abstract inputs only (`jax.ShapeDtypeStruct`: nothing is
+allocated). The model is reduced to a few layers at real widths (vocabulary, d_model, experts,
+heads): one dense and one MoE layer (plus the MTP module, which the real model has once), then one
+dense and two MoE layers (and two dense ones when the model has more than one), so that a layer's
+increment is measured, not guessed. Every per-layer quantity is then scaled by the layer counts:
+
+    X(full) = X(1, 1) + (n_moe - 1) [X(1, 2) - X(1, 1)] + (n_dense - 1) [X(2, 1) - X(1, 1)]
+
+(X(d, m): the step compiled with d dense and m MoE layers)
+
+for the temporary bytes (activations kept for the backward pass plus the working set), the FLOPs
+and the collectives. Parameter and optimiser bytes are exact from the full model's shard shapes.
+Per-device total = parameters + optimiser state + batch + temporaries (outputs alias the donated
+state). The activation share is the per-layer increment times the layer count (what remat keeps);
+the remainder of the temporaries is the step's working set (one layer's recomputation, logits,
+loss, gradient buffers).
+
+The RL config is planned as its training micro-batch (`rl.micro_batch_size` sequences of the
+longest `rl.seq_buckets` length) under the language-model loss: the policy-gradient loss has the
+same forward/backward and a few [B, T] arrays more.
+
+CPU compilation stands in for the GPU's: the buffer assignment and fusion differ, the CPU runs the
+padded expert exchange and the tiled grouped matmul, so the numbers are a close estimate, not a
+measurement on the GPU. The last line printed is JSON with `per_device_bytes` and `fits`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+
+COLLECTIVES = ("all-gather", "all-to-all", "reduce-scatter", "all-reduce", "collective-permute")
+_COLLECTIVE_RE = re.compile(
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
+    re.MULTILINE,
+)
+
+
+def _mesh_size(config) -> int:
+    from c2.train.config import MESH_AXES
+
+    return math.prod(int(config.mesh[a]) for a in MESH_AXES)
+
+
+def _is_rl(config) -> bool:
+    return "rl" in config
+
+
+def stage_shapes(config):
+    """(stage config the LM trainer understands, global batch, sequence length)."""
+    if _is_rl(config):
+        from c2.rl.config import _without_rl
+
+        base = _without_rl(config)
+        return base, int(config.rl.micro_batch_size), int(max(config.rl.seq_buckets))
+    return config, int(config.data.batch_size), int(config.data.seq_len)
+
+
+def _shape_bytes(text: str) -> int:
+    """Bytes of an HLO result shape such as `bf16[2,4]{1,0}` or a tuple of them."""
+    sizes = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4}
+    sizes |= {"s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+    sizes |= {"f8e8m0fnu": 1}
+    total = 0
+    for dt, dims in re.findall(r"([a-z0-9]+)\[([0-9,]*)\]", text):
+        n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
+        total += n * sizes.get(dt, 4)
+    return total
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """Count and result bytes of each collective in compiled HLO text (async pairs once)."""
+    out = {k: {"count": 0, "bytes": 0} for k in COLLECTIVES}
+    for shape, op in _COLLECTIVE_RE.findall(hlo_text):
+        out[op]["count"] += 1
+        out[op]["bytes"] += _shape_bytes(re.sub(r"/\*[^*]*\*/", "", shape))
+    return out
+
+
+@dataclasses.dataclass
+class Measured:
+    """What one compile of the step reports, per device."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    flops: float
+    collectives: dict
+    compile_s: float
+
+    def minus(self, other: Measured) -> dict:
+        return {
+            "temp": self.temp - other.temp,
+            "flops": self.flops - other.flops,
+            "collectives": {
+                k: {f: self.collectives[k][f] - other.collectives[k][f] for f in ("count", "bytes")}
+                for k in COLLECTIVES
+            },
+        }
+
+
+def _tree_bytes(tree) -> int:
+    import jax
+    import jax.numpy as jnp
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def abstract_state(cfg, config, mesh):
+    """Sharded abstract params and optimiser state of `cfg` (nothing allocated)."""
+    import jax
+
+    from c2 import model as model_lib
+    from c2.train.config import sharding_rules
+    from c2.train.loop import opt_state_shardings
+    from c2.train.optimizer import make_optimizer
+
+    rules = sharding_rules(config)
+    shardings = model_lib.param_shardings(cfg, mesh, rules)
+    params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        model_lib.abstract_params(cfg),
+        shardings,
+    )
+    tx, schedule = make_optimizer(config.optimizer, config.train.steps, params)
+    opt = jax.eval_shape(tx.init, params)
+    opt_sh = opt_state_shardings(opt, params, mesh)
+    opt = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), opt, opt_sh)
+    return params, opt, tx, schedule
+
+
+def compile_step(cfg, config, mesh, batch: int, seq: int):
+    """The compiled train step of `cfg` on `mesh` for abstract inputs."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from c2 import model as model_lib
+    from c2 import sharding
+    from c2.train import lm
+    from c2.train.step import make_step_fn
+
+    params, opt, tx, schedule = abstract_state(cfg, config, mesh)
+    tc = config.train
+    post = None
+    if cfg.n_moe_layers and tc.router_bias_rate:
+        post = lambda p, aux: model_lib.update_router_bias(p, aux, cfg, tc.router_bias_rate)  # noqa: E731
+    loss_fn = functools.partial(lm.lm_loss, cfg=cfg, tc=tc, mesh=mesh)
+    step_fn = make_step_fn(loss_fn, tx, schedule, post)
+    bs = sharding.batch_sharding(mesh)
+    tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
+    data = {
+        "inputs": tok,
+        "targets": tok,
+        "segment_ids": tok,
+        "positions": tok,
+        "loss_mask": jax.ShapeDtypeStruct((batch, seq), jnp.float32, sharding=bs),
+        "target_bytes": tok,
+    }
+    rep = NamedSharding(mesh, P())
+    shard = lambda tree: jax.tree.map(lambda x: x.sharding, tree)  # noqa: E731
+    jitted = jax.jit(
+        step_fn,
+        in_shardings=(shard(params), shard(opt), rep, rep, shard(data)),
+        out_shardings=(shard(params), shard(opt), rep, rep),
+        donate_argnums=(0, 1),
+    )
+    rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
+    step = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
+    return jitted.lower(params, opt, rng, step, data).compile()
+
+
+def measure(cfg, config, mesh, batch: int, seq: int) -> Measured:
+    t0 = time.perf_counter()
+    compiled = compile_step(cfg, config, mesh, batch, seq)
+    dt = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return Measured(
+        argument=int(mem.argument_size_in_bytes),
+        output=int(mem.output_size_in_bytes),
+        alias=int(mem.alias_size_in_bytes),
+        temp=int(mem.temp_size_in_bytes),
+        flops=float(cost.get("flops", 0.0)),
+        collectives=collectives(compiled.as_text()),
+        compile_s=dt,
+    )
+
+
+def reduced(cfg, n_dense: int, n_moe: int):
+    """`cfg` with n_dense dense and n_moe MoE layers (at most what the model has)."""
+    return cfg.replace(n_layers=n_dense + n_moe, first_k_dense=n_dense)
+
+
+def plan(
+    config, *, device_memory_gb: float = 141.0, mesh=None, paths: str | None = "gpu", log=print
+) -> dict:
+    """The per-device plan of one training step of `config` (see the module docstring).
+
+    `paths`: the backend whose code paths are traced (c2.quant.target): "gpu" (default) compiles
+    the GPU's layout on the CPU devices (`ragged_dot` experts, bf16 MXFP8 operands; the padded
+    expert exchange, since XLA:CPU cannot compile `ragged_all_to_all`); None keeps the CPU's.
+    """
+    import jax
+
+    from c2.quant import target
+    from c2.train import lm
+
+    stage, batch, seq = stage_shapes(config)
+    n_dev = _mesh_size(stage)
+    mesh_sizes, cfg = lm.validate(stage, n_dev, load_files=False)
+    if mesh is None:
+        if jax.device_count() < n_dev:
+            raise RuntimeError(
+                f"the mesh needs {n_dev} devices, JAX has {jax.device_count()}: run "
+                "`python -m c2.bench.plan` (it sets the simulated device count before JAX starts)"
+            )
+        mesh = lm.make_mesh(mesh_sizes) if jax.device_count() == n_dev else None
+        if mesh is None:
+            from c2 import sharding
+
+            mesh = sharding.make_mesh(**mesh_sizes, devices=jax.devices()[:n_dev])
+    n_dense, n_moe = cfg.first_k_dense, cfg.n_moe_layers
+    base_d, base_m = min(n_dense, 1), min(n_moe, 1)
+    log(
+        f"config {stage.name}: mesh {mesh_sizes}, batch {batch} x {seq} tokens, "
+        f"{n_dense} dense + {n_moe} MoE layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, "
+        f"quant {cfg.quant}, attention {getattr(cfg, 'attention_impl', 'xla')}"
+    )
+    runs = {}
+    variants = [(base_d, base_m)]
+    if n_moe > 1:
+        variants.append((base_d, 2))
+    if n_dense > 1:
+        variants.append((2, base_m))
+    for nd, nm in variants:
+        with target.as_backend(paths):
+            m = measure(reduced(cfg, nd, nm), stage, mesh, batch, seq)
+        runs[(nd, nm)] = m
+        log(
+            f"  compiled {nd} dense + {nm} MoE in {m.compile_s:.0f}s: args {m.argument / 1e9:.2f} "
+            f"GB, temp {m.temp / 1e9:.2f} GB, {m.flops:.3e} FLOPs"
+        )
+    base = runs[(base_d, base_m)]
+    zero = {
+        "temp": 0,
+        "flops": 0.0,
+        "collectives": {k: {"count": 0, "bytes": 0} for k in COLLECTIVES},
+    }
+    d_moe = runs[(base_d, 2)].minus(base) if n_moe > 1 else zero
+    d_dense = runs[(2, base_m)].minus(base) if n_dense > 1 else zero
+    k_moe, k_dense = max(n_moe - 1, 0), max(n_dense - 1, 0)
+
+    def scaled(key):
+        return getattr(base, key) + k_moe * d_moe[key] + k_dense * d_dense[key]
+
+    temp, flops = scaled("temp"), scaled("flops")
+    colls = {
+        k: {
+            f: max(
+                base.collectives[k][f]
+                + k_moe * d_moe["collectives"][k][f]
+                + k_dense * d_dense["collectives"][k][f],
+                0,
+            )
+            for f in ("count", "bytes")
+        }
+        for k in COLLECTIVES
+    }
+    params, opt, _, _ = abstract_state(cfg, stage, mesh)
+    param_bytes, opt_bytes = _tree_bytes(params), _tree_bytes(opt)
+    rparams, ropt, _, _ = abstract_state(reduced(cfg, base_d, base_m), stage, mesh)
+    batch_bytes = base.argument - _tree_bytes(rparams) - _tree_bytes(ropt)
+    # What remat keeps across layers: each layer's temp increment, times the layers.
+    activations = max(n_moe * d_moe["temp"] + (n_dense * d_dense["temp"] if n_dense > 1 else 0), 0)
+    working = temp - activations
+    # Outputs alias the donated params/optimiser state; whatever is not aliased is extra.
+    unaliased_out = max(base.output - base.alias, 0)
+    total = param_bytes + opt_bytes + batch_bytes + unaliased_out + temp
+    limit = device_memory_gb * 1e9
+    rows = [
+        ("parameters", param_bytes),
+        ("optimiser state", opt_bytes),
+        ("batch", batch_bytes),
+        ("activations kept (per-layer increment x layers)", activations),
+        ("working set (rest of the temporaries)", working),
+        ("outputs not aliased", unaliased_out),
+        ("total per device", total),
+    ]
+    log(f"\nper-device plan ({n_dev} devices, {n_dense} dense + {n_moe} MoE layers):")
+    for name, b in rows:
+        log(f"  {name:<50} {b / 1e9:10.2f} GB")
+    log(f"  per-MoE-layer temp increment {d_moe['temp'] / 1e9:.3f} GB, FLOPs {d_moe['flops']:.3e}")
+    tokens = batch * seq / n_dev
+    log(f"  FLOPs per device per step {flops:.3e} ({flops / tokens:.3e} per token on the device)")
+    log("  collectives per step (count, result GB):")
+    for k, v in colls.items():
+        log(f"    {k:<20} {v['count']:6d} {v['bytes'] / 1e9:10.2f}")
+    fits = total <= limit
+    log(f"  fits {device_memory_gb:g} GB: {fits} ({total / limit:.0%} of it)")
+    return {
+        "config": stage.name,
+        "devices": n_dev,
+        "mesh": mesh_sizes,
+        "batch": batch,
+        "seq_len": seq,
+        "remat": cfg.remat,
+        "attention_impl": getattr(cfg, "attention_impl", "xla"),
+        "paths": paths or "native",
+        "param_bytes": param_bytes,
+        "optimizer_bytes": opt_bytes,
+        "batch_bytes": batch_bytes,
+        "activation_bytes": activations,
+        "temp_bytes": temp,
+        "working_bytes": working,
+        "per_device_bytes": total,
+        "device_memory_gb": device_memory_gb,
+        "fits": fits,
+        "flops_per_device": flops,
+        "moe_layer_temp_bytes": d_moe["temp"],
+        "moe_layer_flops": d_moe["flops"],
+        "collectives": colls,
+        "compile_s": sum(m.compile_s for m in runs.values()),
+    }
+
+
+def _ensure_devices(n: int) -> None:
+    """Simulated CPU devices for the mesh: XLA reads the flag when the backend starts."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    flag = f"--xla_force_host_platform_device_count={n}"
+    if flag in flags:
+        return
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags)
+    os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True, help="experiment config file[:arg]")
+    ap.add_argument("--device_memory_gb", type=float, default=141.0)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="model.overrides.FIELD=VALUE",
+        help="override a model field for the plan, e.g. remat=false (repeatable)",
+    )
+    ap.add_argument(
+        "--paths",
+        default="gpu",
+        choices=("gpu", "native"),
+        help="trace the GPU's code paths (default) or the CPU's own",
+    )
+    args = ap.parse_args(argv)
+    from c2.train.config import load_config
+
+    path, _, arg = args.config.partition(":")
+    config = load_config(path, arg or None)
+    for item in args.set:
+        key, _, value = item.partition("=")
+        config.model.overrides[key] = _parse_value(value)
+    _ensure_devices(_mesh_size(stage_shapes(config)[0]))
+    paths = None if args.paths == "native" else args.paths
+    result = plan(config, device_memory_gb=args.device_memory_gb, paths=paths)
+    print(json.dumps(result, sort_keys=True))
+    sys.stdout.flush()
+    return result
+
+
+def _parse_value(v: str):
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
+if __name__ == "__main__":
+    main()
