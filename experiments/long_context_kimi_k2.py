@@ -13,6 +13,10 @@ long context); at 32k it stays within a few hundredths of stage 1.
 Layout: each 256k sequence is split over the 8-way context axis (32k tokens per GPU), expert
 parallelism 8, FSDP 4; parameters are sharded over fsdp x context too (`mesh.rules`), ~53 GB per GPU
 for parameters and Adam moments. YaRN factor 64 over Kimi-K2's original 4,096 positions.
+Attention is blockwise (c2/model/flash.py) with ring attention over the context axis
+(c2/model/ring.py): no [heads, T, S] scores; its fwd + bwd compiles to ~13.5 GiB of temporaries
+per GPU per layer (`python -m c2.bench.attention_memory --plan-256k`), where dense scores alone
+would need 2 TiB.
 """
 
 from c2.train.config import stage_defaults
@@ -30,6 +34,9 @@ def get_config(arg=None):
     c.model.overrides.mtp_depth = 1
     c.model.overrides.remat = True
     c.model.overrides.max_seq_len = 262144
+    c.model.overrides.attention_impl = "blockwise"
+    c.model.overrides.attention_block_q = 512
+    c.model.overrides.attention_block_kv = 512
     c.model.yarn.factor = 64.0
     c.model.yarn.original_max_position_embeddings = 4096
     c.model.yarn.beta_fast = 1.0

@@ -1,7 +1,8 @@
 """Stage 2 of the recipe (docs/recipe.md §1.2): long-context extension with YaRN, tiny, CPU.
 
 Eight times the stage-1 length (128 -> 1024 tokens): RoPE is rescaled with YaRN (factor 8 over
-the original 128 positions) and the model trains briefly on long packed sequences.
+the original 128 positions) and the model trains briefly on long packed sequences. Attention is
+blockwise (c2/model/flash.py), as at real scale (experiments/long_context_kimi_k2.py).
 
 Command (after experiments/cpt_tiny.py has run into runs/cpt_tiny):
     python -m c2.main --config=experiments/long_context_tiny.py --workdir=runs/long_context_tiny
@@ -24,6 +25,9 @@ def get_config(arg=None):
     c.init_from = "runs/cpt_tiny"
     c.model.preset = "tiny_kimi_k2"
     c.model.dtype = "float32"
+    c.model.overrides.attention_impl = "blockwise"
+    c.model.overrides.attention_block_q = 256
+    c.model.overrides.attention_block_kv = 256
     c.model.yarn.factor = float(FACTOR)
     c.model.yarn.original_max_position_embeddings = STAGE1_SEQ_LEN
     c.model.yarn.beta_fast = 32.0

@@ -114,6 +114,7 @@ def test_blockwise_backward_has_no_quadratic_buffer():
 # Model wiring -------------------------------------------------------------------------------------
 
 FAMILIES = ["tiny_kimi_k2", "tiny_qwen3_moe"]
+SMALL = dict(n_layers=2, first_k_dense=1, mtp_depth=0)  # compile time: every layer is unrolled
 
 
 def test_config_fields_and_auto_resolution():
@@ -133,7 +134,7 @@ def test_config_fields_and_auto_resolution():
 @pytest.mark.parametrize("name", FAMILIES)
 def test_model_blockwise_equals_dense(name):
     """Whole model, packed documents with a padding tail: logits and parameter gradients."""
-    c = model.presets.get(name, dtype="float32", attention_block_q=8, attention_block_kv=4)
+    c = model.presets.get(name, dtype="float32", attention_block_q=8, attention_block_kv=4, **SMALL)
     p = model.init_params(c, jax.random.key(0))
     toks = jax.random.randint(jax.random.key(1), (2, 24), 0, c.vocab_size, jnp.int32)
     seg = _packed(2, 24)
@@ -151,7 +152,7 @@ def test_model_blockwise_equals_dense(name):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_blockwise_prefill_matches_dense_prefill(name):
     """A long prompt's prefill attends the cache in blocks (MLA: in the latent space)."""
-    c = model.presets.get(name, dtype="float32", attention_block_q=4, attention_block_kv=8)
+    c = model.presets.get(name, dtype="float32", attention_block_q=4, attention_block_kv=8, **SMALL)
     p = model.init_params(c, jax.random.key(0))
     toks = jax.random.randint(jax.random.key(1), (2, 12), 0, c.vocab_size, jnp.int32)
     lengths = jnp.array([12, 7])
