@@ -178,7 +178,7 @@ def run_episode(
         workspace,
         sandbox,
         mount_at=task.mount_at,
-        run_limits=config.run_limits,
+        run_limits=task.limits(config.run_limits),  # a task's own memory, cpus, storage
         max_run_timeout_s=config.max_run_timeout_s,
         max_observation_chars=config.max_observation_chars,
         python_env=task.python_env(),

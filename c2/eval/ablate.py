@@ -40,6 +40,8 @@ class Ablation:
     what: str
     overrides: dict  # config path -> value
     unavailable: str = ""  # why it cannot run (a missing piece), or "" when it can
+    # What the baseline config must hold for the comparison to mean what `what` says.
+    requires: dict = dataclasses.field(default_factory=dict)
 
 
 ABLATIONS: dict[str, Ablation] = {
@@ -73,14 +75,16 @@ ABLATIONS: dict[str, Ablation] = {
         "engine's recorded experts are replayed)",
         {"rl.router_replay": False},
     ),
-    "self_summary": Ablation(
-        "compaction vs self-summary of long episodes",
-        {},
-        unavailable=(
-            "episodes have no context management yet: c2/rl/episodes.py ends an episode at the "
-            "context limit (stop reason 'context'); neither compaction nor self-summary exists "
-            "to compare"
-        ),
+    "compaction": Ablation(
+        "prompt-based compaction of long episodes (a digest written without the model) instead "
+        "of self-summary",
+        {"rl.context_management": "compaction"},
+        requires={"rl.context_management": "self_summary"},
+    ),
+    "no_context_management": Ablation(
+        "no context management: the context ends a long episode (default: self-summary)",
+        {"rl.context_management": "none"},
+        requires={"rl.context_management": "self_summary"},
     ),
 }
 BASELINE = "baseline"
@@ -122,6 +126,14 @@ def check_ablations(names: Sequence[str], config: ml_collections.ConfigDict) -> 
         a = ABLATIONS[name]
         if a.unavailable:
             raise ValueError(f"ablation {name!r} ({a.what}) is unavailable: {a.unavailable}")
+        wrong = {k: v for k, v in a.requires.items() if _get(config, k) != v}
+        if wrong:
+            have = {k: _get(config, k) for k in wrong}
+            raise ValueError(
+                f"ablation {name!r} ({a.what}) compares against a baseline with {wrong}; this "
+                f"config has {have} (use one with long episodes, e.g. "
+                "experiments/rl_notes_tiny.py)"
+            )
         if all(_get(config, k) == v for k, v in a.overrides.items()):
             raise ValueError(
                 f"ablation {name!r} changes nothing: the config already has {a.overrides}"

@@ -388,7 +388,7 @@ class EpisodeRunner:
             shutil.rmtree(stale)
         workspace = task.materialize(stale)
         self.sandbox.give_workspace(workspace)
-        limits = SandboxLimits(timeout_s=c.run_timeout_s)
+        limits = task.limits(SandboxLimits(timeout_s=c.run_timeout_s))  # the task's own resources
         tools = Tools(
             workspace,
             self.sandbox,
