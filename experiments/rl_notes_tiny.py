@@ -1,9 +1,9 @@
 """Long episodes on the tiny model: RL on notes tasks whose episodes outgrow the context, with
 self-summarisation, prompt-based compaction, or no context management (c2/rl/episodes.py).
 
-A notes task (c2/envs/notes.py, level "fixed", 3 notes of ~120 bytes) takes ~1,200 tokens from
+A notes task (c2/envs/notes.py, level "fixed", 4 notes of ~80 bytes) takes ~1,230 tokens from
 prompt to submit; the context here is 1,024, so an episode only finishes as a chain of segments.
-At the trigger (600 tokens, or sooner if no summary would fit after the next observation) the
+At the trigger (700 tokens, or sooner if no summary would fit after the next observation) the
 agent either writes its own summary ("self_summary", trained like any other action), or the run
 starts the next segment from a digest of its tool calls and their last output ("compaction"),
 or ("none") the context ends the episode. Every segment of a chain gets the chain's advantage.
@@ -28,15 +28,15 @@ def get_config(arg=None):
     c.optimizer.lr = 3e-4
     c.train.steps = 12
     c.train.checkpoint_every = 6
-    c.rl.tasks = "notes:fixed:3:120"
-    c.rl.heldout_tasks = "notes:fixed:3:120"
+    c.rl.tasks = "notes:fixed:4:80"
+    c.rl.heldout_tasks = "notes:fixed:4:80"
     c.rl.group_size = 4
     c.rl.prompts_per_step = 4
     c.rl.micro_batch_size = 4
     c.rl.max_staleness = 2
     c.rl.seq_buckets = (1024,)
     c.rl.context_management = "self_summary"
-    c.rl.summary.trigger_tokens = 600
+    c.rl.summary.trigger_tokens = 700
     c.rl.summary.max_tokens = 128
     c.rl.summary.max_segments = 4
     c.rl.rollout.max_tokens = 1024

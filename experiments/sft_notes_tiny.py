@@ -1,11 +1,12 @@
 """Agent SFT for long episodes, tiny: oracle chains of the notes tasks (c2/envs/notes.py).
 
-Data: `data.corpus = "notes:fixed:3:120"`: the reference episodes of 600 notes tasks (read three
-notes of ~120 bytes, write total(n) = n + their values, submit), each cut once after one or two
-reads where the agent is asked for a summary (c2.rl.episodes.SUMMARY_INSTRUCTION) and writes it
-("Found a = 17, b = 4. Still to read: notes/c.txt. Then write total.py."), then goes on in a new
-sequence from the task and its summary; every other task also uncut. One conversation per
-segment (1,500), the loss on the replies and summaries. Held-out batches: the eval split's filler
+Data: `data.corpus = "notes:fixed:4:80"`: the reference episodes of 600 notes tasks (read four
+notes of ~80 bytes, write total(n) = n + their values and submit in one reply), each cut once
+after one to three reads where the agent is asked for a summary
+(c2.rl.episodes.SUMMARY_INSTRUCTION) and writes it ("Found a = 17, b = 4. Still to read:
+notes/c.txt, notes/d.txt. Then write total.py."), then goes on in a new sequence from the task and
+its summary; every other task also uncut. One conversation per segment (1,500, up to 1,269
+tokens), the loss on the replies and summaries. Held-out batches: the eval split's filler
 text. This is the start of experiments/rl_notes_tiny.py.
 
 Command:
@@ -22,14 +23,14 @@ def get_config(arg=None):
     c.model.preset = "tiny_kimi_k2"
     c.model.dtype = "float32"
     c.data.kind = "sft"
-    c.data.corpus = "notes:fixed:3:120"
-    c.data.seq_len = 1536
+    c.data.corpus = "notes:fixed:4:80"
+    c.data.seq_len = 1280
     c.data.batch_size = 4
     c.data.eval_batches = 4
     c.optimizer.lr = 2e-3
     c.optimizer.warmup_steps = 20
     c.optimizer.schedule = "cosine"
-    c.train.steps = 600
-    c.train.checkpoint_every = 200
-    c.train.eval_every = 200
+    c.train.steps = 500
+    c.train.checkpoint_every = 250
+    c.train.eval_every = 250
     return c

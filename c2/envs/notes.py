@@ -248,7 +248,8 @@ def chain_conversations(
 ) -> list[dict]:
     """SFT data for chains: {"messages", "path"} per segment of the oracle chains of tasks
     0..n-1, each chain cut once after a seeded number of reads (1..files-1: the summary, and
-    going on from one, both seen), every other chain also uncut."""
+    going on from one, both seen), every other chain also uncut. The last reply writes the
+    file and submits (no observation after the fix, so no cut between the two)."""
     out = []
     for i in range(n):
         t = notes_task(seed, split, i, files, note_chars, level)
@@ -257,7 +258,7 @@ def chain_conversations(
         if i % 2:
             plans.append(())
         for cuts in plans:
-            for k, messages in enumerate(oracle_chain(t, cuts)):
+            for k, messages in enumerate(oracle_chain(t, cuts, submit_with_write=True)):
                 path = f"{t['metadata']['task_id']}/cut{'-'.join(map(str, cuts))}/{k}"
                 out.append({"messages": messages, "path": path})
     return out

@@ -83,3 +83,23 @@ def test_reference_chain_is_what_the_runner_plays(tmp_path, sandbox: Sandbox):
         np.testing.assert_array_equal(seg.tokens, ids)
         np.testing.assert_array_equal(seg.loss_mask, mask.astype(np.uint8))
     assert summary_text(task.metadata, 2) in convs[2][1]["content"]
+
+
+def test_sft_chains_teach_summaries_and_going_on_from_them():
+    from c2.data.sft import load_sft_examples
+    from c2.rl.episodes import SUMMARY_HEADER, SUMMARY_INSTRUCTION
+
+    chat = AgentChat(ByteTokenizer())
+    examples = load_sft_examples("notes:fixed:4:80")
+    assert len(examples) == 1500 and examples == load_sft_examples("notes:fixed:4:80")
+    asked = [
+        e for e in examples if any(m.get("note") == SUMMARY_INSTRUCTION for m in e["messages"])
+    ]
+    resumed = [e for e in examples if SUMMARY_HEADER in e["messages"][1]["content"]]
+    assert len(asked) == len(resumed) == 600  # one cut per task
+    for e in asked[:20]:  # the summary carries every value read so far, exactly
+        meta = notes_task(0, "train", int(e["path"].split("/")[0][-5:]), 4, 80, "fixed")["metadata"]
+        read = int(e["path"].split("/")[1][3:])
+        assert e["messages"][-1]["content"] == summary_text(meta, read)
+        ids, mask = chat.conversation(e["messages"])
+        assert len(ids) <= 1280 and mask[-1] == 1.0
