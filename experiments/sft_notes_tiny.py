@@ -31,6 +31,6 @@ def get_config(arg=None):
     c.optimizer.warmup_steps = 20
     c.optimizer.schedule = "cosine"
     c.train.steps = 500
-    c.train.checkpoint_every = 250
+    c.train.checkpoint_every = 100
     c.train.eval_every = 250
     return c
