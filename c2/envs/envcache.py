@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -48,11 +49,15 @@ def pytest_requirement() -> str:
         return "pytest"
 
 
-def env_key(requirements: Sequence[str], python: str | None = None) -> str:
-    python = python or sys.executable
-    version = subprocess.run(
+@functools.cache
+def _python_version(python: str) -> str:
+    return subprocess.run(
         [python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def env_key(requirements: Sequence[str], python: str | None = None) -> str:
+    version = _python_version(python or sys.executable)
     blob = json.dumps({"requirements": sorted(set(requirements)), "python": version})
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
