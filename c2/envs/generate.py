@@ -35,7 +35,7 @@ from pathlib import Path
 
 from c2.envs.grading import TestRun, pytest_outcomes
 from c2.envs.instructions import feature_instruction, repair_instruction
-from c2.envs.mutations import Mutation, apply_all, mutation_sites
+from c2.envs.mutations import Mutation, apply_all, kind_balanced, mutation_sites
 from c2.envs.sandbox import Sandbox, SandboxLimits
 from c2.envs.tasks import Task, write_task
 
@@ -177,21 +177,6 @@ def _stub_function(source: str, qualname: str) -> str:
     return "".join(lines[: first.lineno - 1] + [f"{indent}pass\n"] + lines[node.end_lineno :])
 
 
-def _kind_balanced(by_kind: dict[str, list[Mutation]], rng: random.Random) -> list[Mutation]:
-    """Candidates in random order with every operator kind equally likely at each draw
-    (names are far more numerous than operators: uniform sites would mostly rename)."""
-    pools = {k: list(v) for k, v in sorted(by_kind.items())}
-    for v in pools.values():
-        rng.shuffle(v)
-    out = []
-    while pools:
-        kind = sorted(pools)[rng.randrange(len(pools))]
-        out.append(pools[kind].pop())
-        if not pools[kind]:
-            del pools[kind]
-    return out
-
-
 def _repair(variant, clean, level, rng, sandbox):
     pkg_files = [f for f in variant.files if f.startswith(variant.package + "/")]
     by_kind: dict[str, list[Mutation]] = {}
@@ -199,7 +184,7 @@ def _repair(variant, clean, level, rng, sandbox):
         if not f.endswith("__init__.py"):
             for m in mutation_sites(variant.files[f], f):
                 by_kind.setdefault(m.kind, []).append(m)
-    sites = _kind_balanced(by_kind, rng)
+    sites = kind_balanced(by_kind, rng)
     want = _BUGS_PER_LEVEL[level]
     chosen: list[Mutation] = []
     for tries, m in enumerate(sites):

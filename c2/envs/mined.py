@@ -72,7 +72,7 @@ from pathlib import Path
 
 from c2.envs.envcache import ensure_env, pytest_requirement
 from c2.envs.grading import TestRun, pytest_outcomes
-from c2.envs.mutations import Mutation, apply_all, mutation_sites
+from c2.envs.mutations import Mutation, apply_all, kind_balanced, mutation_sites
 from c2.envs.sandbox import Sandbox, SandboxLimits
 from c2.envs.tasks import Task, write_task
 
@@ -621,18 +621,10 @@ def covering_tests(source: Source, m: Mutation) -> list[str]:
 
 def _kind_balanced(items: list[Mutation], rng: random.Random) -> list[Mutation]:
     """A random order in which every operator kind is equally likely at each draw."""
-    pools: dict[str, list[Mutation]] = {}
+    by_kind: dict[str, list[Mutation]] = {}
     for m in items:
-        pools.setdefault(m.kind, []).append(m)
-    for k in sorted(pools):
-        rng.shuffle(pools[k])
-    out = []
-    while pools:
-        kind = sorted(pools)[rng.randrange(len(pools))]
-        out.append(pools[kind].pop())
-        if not pools[kind]:
-            del pools[kind]
-    return out
+        by_kind.setdefault(m.kind, []).append(m)
+    return kind_balanced(by_kind, rng)
 
 
 # ---------------------------------------------------------------------- tasks

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import random
 from collections.abc import Iterator
 
 KINDS = (
@@ -317,3 +318,18 @@ def _dropped_branches(node: ast.If, source, off, file, where) -> list[Mutation]:
     return [
         Mutation("dropped_branch", file, where, elif_.lineno, s, e, "", desc.format(elif_.lineno))
     ]
+
+
+def kind_balanced(by_kind: dict[str, list[Mutation]], rng: random.Random) -> list[Mutation]:
+    """Candidates in random order with every operator kind equally likely at each draw
+    (names are far more numerous than operators: uniform sites would mostly rename)."""
+    pools = {k: list(v) for k, v in sorted(by_kind.items())}
+    for v in pools.values():
+        rng.shuffle(v)
+    out = []
+    while pools:
+        kind = sorted(pools)[rng.randrange(len(pools))]
+        out.append(pools[kind].pop())
+        if not pools[kind]:
+            del pools[kind]
+    return out

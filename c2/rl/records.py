@@ -154,8 +154,9 @@ def write_rollouts(directory: str | os.PathLike, name: str, samples: Sequence[Sa
     A chain's last segment brings its earlier ones: every segment gets its own line."""
     seen: set[int] = set()  # given the segments themselves too, each is written once
     samples = [x for s in samples for x in s.chain if not (id(x) in seen or seen.add(id(x)))]
-    length = {s.chain_id: s.segment + 1 for s in samples if not s.segments}
-    length |= {s.chain_id: len(s.segments) + 1 for s in samples if s.segments}
+    length: dict[str, int] = {}  # each chain's segment count: its last segment's index + 1
+    for s in samples:
+        length[s.chain_id] = max(length.get(s.chain_id, 0), s.segment + 1)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     side = f"{name}.routing.npy.zst"
