@@ -6,11 +6,8 @@ ends an episode with its reason, and every segment takes the chain's advantage i
 import numpy as np
 import pytest
 
-from c2.data.chat import AgentChat
-from c2.data.tokenizer import ByteTokenizer
 from c2.envs.agents import tool_call
 from c2.envs.episode import task_system_prompt
-from c2.envs.sandbox import Sandbox
 from c2.rl.batching import make_batch, reward_arrays
 from c2.rl.episodes import (
     SUMMARY_HEADER,
@@ -35,19 +32,6 @@ class ChainEngine(ScriptedEngine):
         self.prompts.append(np.asarray(prompt).copy())
         self.replies = {bytes(np.asarray(prompt, np.int32)): self.scripts.pop(0)}
         return super().submit(prompt, max_new, multi_turn=multi_turn, **sampling)
-
-
-@pytest.fixture(scope="module")
-def chat():
-    return AgentChat(ByteTokenizer())
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    sb = Sandbox()
-    if not sb.isolated:
-        pytest.skip(f"needs a namespace sandbox; this machine has {sb.isolation.describe()}")
-    return sb
 
 
 SOURCE = "def triple(n):\n    return n * 3\n"

@@ -4,14 +4,10 @@ rewards, and the real engine under concurrency (never stepping an idle engine)."
 import json
 
 import numpy as np
-import pytest
 
 from c2 import model
-from c2.data.chat import AgentChat
-from c2.data.tokenizer import ByteTokenizer
 from c2.envs.agents import tool_call
 from c2.envs.episode import task_system_prompt
-from c2.envs.sandbox import Sandbox
 from c2.envs.tasks import write_task
 from c2.infer.engine import Engine
 from c2.infer.records import Completion, Trajectory
@@ -88,19 +84,6 @@ class ScriptedEngine:
             np.where(gen, self.version, -1).astype(np.int32),
             (np.arange(T * L_MOE * K) % 7).reshape(T, L_MOE, K).astype(np.uint8),
         )
-
-
-@pytest.fixture(scope="module")
-def chat():
-    return AgentChat(ByteTokenizer())
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    sb = Sandbox()
-    if not sb.isolated:
-        pytest.skip(f"needs a namespace sandbox; this machine has {sb.isolation.describe()}")
-    return sb
 
 
 def _task(root, name="triple", body="return n * 3"):
