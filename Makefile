@@ -32,8 +32,8 @@ setup: $(BIN)/python system-deps
 	  cons=$$(mktemp); \
 	  sed 's/^$(TORCH_PIN)$$/torch==2.13.0/' constraints.txt > $$cons; \
 	fi; \
-	echo "$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test]'"; \
-	$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test]'
+	echo "$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test,distributed]'"; \
+	$(BIN)/pip install -q -c $$cons $(PIP_EXTRA) -e '.[test,distributed]'
 
 run: setup
 	$(BIN)/python -m c2.main --config=experiments/pipeline_tiny.py --workdir=$(WORKDIR)

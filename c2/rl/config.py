@@ -60,6 +60,16 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.weight_store = ""
     r.weight_store_dtype = "bfloat16"
     r.weight_store_full_every = 16
+    # Where episodes are played (c2/rl/fleet.py): "local" (one engine in the trainer's process)
+    # or "ray" (num_rollout_workers Ray actors, each with its own engine and sandbox pool, fed by
+    # the same scheduler; weights through the weight store, which defaults to DIR/weight_store).
+    # ray_address: a cluster ("auto", "ray://head:10001"); "" starts a local one.
+    r.rollout_backend = "local"
+    r.num_rollout_workers = 1
+    r.ray_address = ""
+    r.ray_worker_cpus = 1.0  # Ray resources each worker actor asks for
+    r.ray_worker_gpus = 0.0
+    r.ray_max_restarts = -1  # replacements for dead workers in a run; -1: 2 x the workers
     r.rollout = ml_collections.ConfigDict()
     r.rollout.engine_slots = 16
     r.rollout.max_turns = 4
@@ -195,6 +205,22 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
     check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
+    if r.rollout_backend not in ("local", "ray"):
+        raise ConfigError(
+            f"config.rl.rollout_backend={r.rollout_backend!r}: expected 'local' or 'ray'"
+        )
+    check_positive(config, "rl.num_rollout_workers")
+    check_positive(config, "rl.ray_worker_cpus", "rl.ray_worker_gpus", allow_zero=True)
+    if r.rollout_backend == "local" and r.num_rollout_workers != 1:
+        raise ConfigError(
+            f"config.rl.num_rollout_workers={r.num_rollout_workers} needs "
+            "config.rl.rollout_backend='ray' (the local backend is one engine)"
+        )
+    if r.rollout_backend == "ray" and r.ray_address and not r.weight_store:
+        raise ConfigError(
+            f"config.rl.ray_address={r.ray_address!r}: set config.rl.weight_store to a URL "
+            "every worker can reach (s3://, gs://, or file:// on a shared filesystem)"
+        )
     if r.weight_store_dtype not in ("bfloat16", "float32", "float16"):
         raise ConfigError(
             f"config.rl.weight_store_dtype={r.weight_store_dtype!r}: expected bfloat16, float16 "

@@ -188,7 +188,54 @@ class StoreWeights:
         self.publisher.close()
 
 
-class AsyncRollouts:
+class Collector:
+    """The trainer's side of rollouts, whatever generates them: finished samples join their
+    groups in the `Scheduler` under one lock, and `next_groups(step)` hands the trainer the
+    groups a step trains on. A backend calls `_finished` for each sample, sets `_error` (under
+    the lock) when generation fails, and says in `_generating()` whether more may come."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self._cond = threading.Condition()
+        self._error: BaseException | None = None
+        self._finished_tokens = 0  # generated tokens of finished samples
+        self._finished_samples = 0
+
+    def _generating(self) -> bool:
+        raise NotImplementedError
+
+    def _finished(self, sample: Sample) -> None:
+        with self._cond:
+            self.scheduler.add(sample)
+            self._finished_tokens += sum(x.generated_tokens for x in sample.chain)
+            self._finished_samples += 1
+            self._cond.notify_all()
+
+    def next_groups(self, step: int) -> tuple[list[Group], float]:
+        """The groups optimiser step `step` trains on (blocking) and the seconds it waited."""
+        t0 = time.perf_counter()
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise RuntimeError("the rollouts failed") from self._error
+                chosen = self.scheduler.select(step)
+                if chosen is not None:
+                    self.scheduler.consume(chosen)
+                    return chosen, time.perf_counter() - t0
+                if not self._generating():
+                    raise RuntimeError(
+                        f"step {step} needs {self.scheduler.P} groups but the rollouts ended "
+                        f"with {sum(g.done for g in self.scheduler.groups.values())} finished"
+                    )
+                self._cond.wait(0.5)
+
+    def counters(self) -> dict[str, float]:
+        """Generated tokens and samples finished so far (for rates)."""
+        with self._cond:
+            return {"tokens": self._finished_tokens, "samples": self._finished_samples}
+
+
+class AsyncRollouts(Collector):
     """Continuous generation for the trainer: `EpisodeRunner.stream` in a background thread,
     admission by `Scheduler`. `prompts` lists the ids still to train, in ledger order;
     `request(prompt_id, sample_index)` makes an episode request; `limit`: groups to admit in
@@ -205,17 +252,14 @@ class AsyncRollouts:
         limit: int,
         weights: InProcessWeights | StoreWeights | None = None,
     ):
-        self.runner, self.scheduler, self.request = runner, scheduler, request
+        super().__init__(scheduler)
+        self.runner, self.request = runner, request
         self.weights = InProcessWeights() if weights is None else weights
         self._prompts = collections.deque(prompts)
         self._left = limit
         self._pending: collections.deque[EpisodeRequest] = collections.deque()
         self._version = version
-        self._cond = threading.Condition()
         self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._finished_tokens = 0  # generated tokens of finished samples
-        self._finished_samples = 0
         self._thread = threading.Thread(target=self._serve, name="rollouts", daemon=True)
 
     # The rollout thread ----------------------------------------------------------------------
@@ -233,6 +277,9 @@ class AsyncRollouts:
                 self._error = e
                 self._cond.notify_all()
 
+    def _generating(self) -> bool:
+        return self._thread.is_alive()
+
     def _take(self, n: int) -> list[EpisodeRequest] | None:
         with self._cond:
             while len(self._pending) < n and self._left and self._prompts:
@@ -246,36 +293,11 @@ class AsyncRollouts:
                 return None  # every group this run needs is admitted and started
             return [self._pending.popleft() for _ in range(min(n, len(self._pending)))]
 
-    def _finished(self, sample: Sample) -> None:
-        with self._cond:
-            self.scheduler.add(sample)
-            self._finished_tokens += sum(x.generated_tokens for x in sample.chain)
-            self._finished_samples += 1
-            self._cond.notify_all()
-
     def _idle(self) -> None:
         with self._cond:  # woken by a new version (more quota) or by stop
             self._cond.wait(0.05)
 
     # The trainer's side ----------------------------------------------------------------------
-
-    def next_groups(self, step: int) -> tuple[list[Group], float]:
-        """The groups optimiser step `step` trains on (blocking) and the seconds it waited."""
-        t0 = time.perf_counter()
-        with self._cond:
-            while True:
-                if self._error is not None:
-                    raise RuntimeError("the rollout thread failed") from self._error
-                chosen = self.scheduler.select(step)
-                if chosen is not None:
-                    self.scheduler.consume(chosen)
-                    return chosen, time.perf_counter() - t0
-                if not self._thread.is_alive():
-                    raise RuntimeError(
-                        f"step {step} needs {self.scheduler.P} groups but the rollouts ended "
-                        f"with {sum(g.done for g in self.scheduler.groups.values())} finished"
-                    )
-                self._cond.wait(0.5)
 
     def publish(self, params, version: int) -> None:
         """New weights: in process, or through the store (`weights`)."""
@@ -288,10 +310,9 @@ class AsyncRollouts:
             self._version = max(self._version, version)
             self._cond.notify_all()
 
-    def counters(self) -> dict[str, float]:
-        """Generated tokens and samples finished so far (for rates)."""
-        with self._cond:
-            return {"tokens": self._finished_tokens, "samples": self._finished_samples}
+    def metrics(self) -> dict[str, float]:
+        """Per-step counters for the trainer's record: episode errors so far."""
+        return {"rollout_errors": float(sum(self.runner.counts.values()))}
 
     def close(self) -> None:
         """Stop generating; episodes in flight are dropped (their prompts stay untrained)."""

@@ -1,0 +1,181 @@
+"""The rollout fleet's driver (c2/rl/fleet.py) against scripted workers: per-worker admission
+keeps the staleness bound, a dead worker's episodes are played again elsewhere (never by a worker
+holding older weights than their group's admission), stale samples are regenerated and never
+trained, every prompt trains exactly once. The real thing on Ray: tests/rl/test_fleet_ray.py."""
+
+import subprocess
+import sys
+import time
+import types
+
+import numpy as np
+import pytest
+
+from c2.rl import fleet, orchestrator
+from c2.rl.episodes import EpisodeRequest
+from c2.rl.records import Sample
+
+
+class _Weights:
+    url = "unused"
+
+    def publish(self, params, version):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Worker:
+    """Plays each request it was handed by the next exchange, with the version it holds, which
+    follows the published one `lag` exchanges late. `die_at`: the exchange that raises
+    WorkerLost; `stale`: tokens one version older than the one reported when the request came
+    (a broken weight path)."""
+
+    def __init__(self, name, lag=0, die_at=None, stale=False, slots=4):
+        self.name, self.lag, self.die_at, self.stale, self.slots = name, lag, die_at, stale, slots
+        self.version, self.reported, self.calls, self.held, self.seen = 0, 0, 0, [], []
+        self.shipped = set()
+
+    def exchange(self, requests, published, hungry, wait_s):
+        time.sleep(0.01)  # a round trip: the driver threads take turns
+        self.calls += 1
+        if self.die_at is not None and self.calls >= self.die_at and (self.held or requests):
+            self.lost = [wire for wire, _ in self.held] + list(requests)
+            raise fleet.WorkerLost(f"worker {self.name} killed")
+        self.seen.append(published)
+        self.version = self.seen[max(0, len(self.seen) - 1 - self.lag)]
+        for task_id, blob, *_ in requests:
+            assert (blob is None) == (task_id in self.shipped)  # files once per worker
+            self.shipped.add(task_id)
+        done = [self._play(r, v) for r, v in self.held]
+        # Requests arrive admitted at the version the last reply reported.
+        self.held = [(r, self.reported) for r in requests]
+        self.reported = self.version
+        return {
+            "samples": done,
+            "version": self.version,
+            "want": self.slots - len(self.held),
+            "errors": {},
+            "stats": {},
+        }
+
+    def _play(self, wire, version):
+        _, _, prompt_id, group_id, k = wire
+        v = version - 1 if self.stale and version > 0 else version
+        n = 3
+        return Sample(
+            prompt_id, group_id, k, prompt_id,
+            tokens=np.arange(n, dtype=np.int32), loss_mask=np.array([0, 1, 1], np.uint8),
+            logprobs=np.zeros(n, np.float32), versions=np.array([-1, v, v], np.int32),
+            routing=np.zeros((n, 1, 2), np.uint8), temperature=1.0, top_p=1.0, top_k=0,
+            reward_terms={"task": 0.0}, effort={}, passed=False, stop_reason="stop",
+            info={"worker": self.name},
+        )  # fmt: skip
+
+
+def _launcher(workers, launched):
+    def launch(index, incarnation):
+        w = workers[(index, incarnation)]
+        launched.append((index, incarnation))
+
+        def call(method, *args):
+            return getattr(w, method)(*args)
+
+        return fleet._Handle(index, incarnation, call, lambda: None, w.slots)
+
+    return launch
+
+
+def _run(tmp_path, workers, *, n_workers, P=2, G=2, S=1, steps=6, max_restarts=None):
+    """The trainer's loop against the fleet; returns (trained groups per step, rollouts)."""
+    task = types.SimpleNamespace(task_id="t", root=tmp_path)
+    (tmp_path / "metadata.json").write_text("{}")
+    prompts = [f"p{i}" for i in range(P * steps)]
+    launched = []
+    rollouts = fleet.RayRollouts(
+        _launcher(workers, launched),
+        orchestrator.Scheduler(P, G, S),
+        prompts,
+        lambda p, k: EpisodeRequest(task, p, f"g-{p}", k),
+        version=0,
+        limit=P * steps,
+        weights=_Weights(),
+        workers=n_workers,
+        max_restarts=max_restarts,
+    )
+    trained = []
+    rollouts.start()
+    try:
+        for s in range(steps):
+            groups, _ = rollouts.next_groups(s)
+            trained.append(groups)
+            for g in groups:  # the staleness bound, on what is trained
+                assert all(s - orchestrator.oldest_version(x) <= S for x in g.samples)
+                assert sorted(x.sample_index for x in g.samples) == list(range(G))
+            rollouts.publish(None, s + 1)
+    finally:
+        rollouts.close()
+    flat = [g.prompt_id for step in trained for g in step]
+    assert sorted(flat) == sorted(prompts)  # each prompt once, none skipped
+    return trained, rollouts, launched
+
+
+def test_two_workers_share_the_prompts_within_the_bound(tmp_path):
+    workers = {(0, 0): _Worker("a"), (1, 0): _Worker("b", lag=1)}
+    trained, rollouts, _ = _run(tmp_path, workers, n_workers=2)
+    by = {x.info["worker"] for step in trained for g in step for x in g.samples}
+    assert by == {"a", "b"}  # both played
+    for step in trained:  # a group's episodes all come from the worker that admitted it
+        for g in step:
+            assert len({x.info["worker"] for x in g.samples}) == 1
+    m = rollouts.metrics()
+    assert m["fleet/worker_deaths"] == 0 and m["fleet/regenerated"] == 0
+
+
+def test_a_dead_workers_episodes_are_played_again_by_a_replacement(tmp_path):
+    dying = _Worker("a", die_at=4)
+    workers = {(0, 0): dying, (0, 1): _Worker("a2"), (1, 0): _Worker("b", lag=2)}
+    trained, rollouts, launched = _run(tmp_path, workers, n_workers=2, S=2)
+    assert (0, 1) in launched  # the replacement
+    m = rollouts.metrics()
+    assert m["fleet/worker_deaths"] == 1 and m["fleet/workers"] == 2
+    lost = {(wire[3], wire[4]) for wire in dying.lost}  # what it held when it died
+    assert lost
+    played = {(x.group_id, x.sample_index): x for step in trained for g in step for x in g.samples}
+    assert all(played[key].info["worker"] in ("a2", "b") for key in lost)
+
+
+def test_every_worker_dead_without_restarts_stops_the_run_with_the_reason(tmp_path):
+    workers = {(0, 0): _Worker("a", die_at=3)}
+    with pytest.raises(RuntimeError, match="the rollouts failed") as e:
+        _run(tmp_path, workers, n_workers=1, max_restarts=0)
+    assert "every rollout worker died" in str(e.value.__cause__)
+
+
+def test_samples_older_than_their_group_are_regenerated_never_trained(tmp_path):
+    # Worker 1's tokens come from one version before the one it reports: its samples of groups
+    # admitted at v >= 1 violate the admission rule and are played again (by worker 0, or by
+    # itself until a sample is not stale: version 0 groups).
+    workers = {(0, 0): _Worker("a"), (1, 0): _Worker("b", stale=True)}
+    trained, rollouts, _ = _run(tmp_path, workers, n_workers=2, S=1)
+    assert rollouts.metrics()["fleet/regenerated"] > 0
+    for step in trained:
+        for g in step:
+            assert all(orchestrator.oldest_version(x) >= g.admitted_at for x in g.samples)
+
+
+def test_packed_tasks_round_trip(tmp_path):
+    src = tmp_path / "task"
+    (src / "workspace" / "pkg").mkdir(parents=True)
+    (src / "workspace" / "pkg" / "a.py").write_text("x = 1\n")
+    (src / "metadata.json").write_text('{"task_id": "t"}')
+    out = fleet.unpack_task(fleet.pack_task(src), tmp_path / "copy")
+    assert (out / "workspace" / "pkg" / "a.py").read_text() == "x = 1\n"
+    assert (out / "metadata.json").read_text() == '{"task_id": "t"}'
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".unpack")] == []
+
+
+def test_code_that_does_not_use_ray_never_imports_it():
+    code = "import sys, c2.rl.trainer, c2.rl.fleet; assert 'ray' not in sys.modules, 'ray'"
+    subprocess.run([sys.executable, "-c", code], check=True)
