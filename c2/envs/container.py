@@ -1,60 +1,160 @@
-"""A container backend for tasks that need their image (podman; docker where a daemon runs).
+"""The container backend: tasks that run in their own image (podman; docker where a daemon runs).
 
-`ContainerSandbox(image)` has Sandbox.run's contract and result type (SandboxResult): each command
-runs in a fresh container of `image` with the workspace mounted at `mount_at`, `binds` mounted,
-no network, and the limits of SandboxLimits (memory, cpus, processes, wall time, output bytes).
-Only the workspace persists between commands (as with the bubblewrap backend).
+A task imported for this backend (`python -m c2.envs.sources harbor --backend podman`) keeps its
+Dockerfile and build context (task/environment/) and names its image in metadata:
 
-Images: `build_image` builds a task's Dockerfile; its FROM lines are mapped onto local base images
-(BASE_IMAGES) when no registry is reachable; `build_base_image` makes such a base from the Debian
-archive with mmdebstrap and imports it. On this kind of machine podman needs the runc runtime
-(crun refuses hybrid cgroups) and rlimits no higher than the caller's own.
+    "container": {"engine": "podman", "context": "environment", "dockerfile": "Dockerfile",
+                  "image": "localhost/c2-task/<id>:<hash>", "network": true, "from": [...]}
 
-    python -m c2.envs.container base --suite bookworm --tag localhost/c2-base:bookworm
-    python -m c2.envs.container build --context DIR --tag TAG     # DIR/Dockerfile
+`Task.sandbox(default)` (tasks.py) is the one seam: for such a task it returns the shared
+`ContainerSandbox` of its image (`container_sandbox`), which episodes (episode.py, and
+c2/rl/episodes.py through the same call) and grading use in place of the bubblewrap Sandbox;
+every other task gets `default` back unchanged.
+
+One container per episode. The first non-read-only `run` over a workspace starts a container of
+the image (`sleep infinity` under --init) with that workspace bind-mounted at `mount_at` and the
+task's memory, cpus and process limits; every later command over the same workspace is a
+`podman exec` in it. So the agent's tool calls, the oracle's solve.sh and the tests share one
+filesystem, inside and outside the workspace (packages the solution installs, files it writes
+to /usr/local or /tmp, services it leaves running), as they do in Harbor. The workspace is the
+image's working directory, copied out at import (task/workspace/), so the file tools read and
+edit it on the host. `binds` (grading's /tests and /logs) are copied into the running container
+before the command and writable ones copied back after it. Each command runs under coreutils
+`timeout` (its whole process group is stopped at the wall-time limit; the host also gives up a
+few seconds later), output is capped at max_output_bytes, a SIGKILL nobody sent is the memory
+limit, and the workspace is measured against max_workspace_mb: the same SandboxResult fields
+as the bubblewrap backend (cpu_s and memory_peak_mb are not measured: None). A `readonly` run
+gets a fresh container of the image with the workspace mounted read-only (the pytest graders).
+A session's container is removed by `close(workdir)`, by `close()` (all; also at exit), or when
+the next session starts after its workspace was deleted.
+
+Network: a task's "network" (Harbor tasks: true, as Harbor runs them; their test setup installs
+curl, uv and pytest at test time) gives the container the engine's default network; otherwise
+--network none.
+
+Images: `ensure_image` builds a task's Dockerfile once, tagged by a content hash of the build
+context, the Dockerfile and the base images' ids. Where no registry is reachable the FROM lines
+are mapped onto local base images (BASE_IMAGES), which `build_base_image` makes from the Debian
+and Ubuntu archives with mmdebstrap plus a small layer: this machine's extra CA certificates
+(its egress proxy; so apt, pip and uv reach their indexes during builds and tests), uv 0.9.5
+from PyPI where the uv installer would put it (~/.local/bin, with its `env` file: astral.sh is
+not reachable here, PyPI is) and a uv-managed Python 3.13 (what `uvx -p 3.13` fetches), and for
+the python:* images Debian's python3 with pip and venv as /usr/local/bin/python. On this kind of
+machine podman needs the runc runtime (crun refuses hybrid cgroups) and rlimits no higher than
+the caller's own.
+
+    python -m c2.envs.container base [TAG ...]                  # all of BASES by default
+    python -m c2.envs.container build --context DIR [--tag TAG] # DIR/Dockerfile
     python -m c2.envs.container run --image TAG --workdir DIR -- CMD...
-
-Status: a building block. The evaluation commands (episodes, grading) still use the bubblewrap
-Sandbox; Harbor tasks are not yet imported for this backend (see the report of issue 21).
+    python -m c2.envs.container gc                              # containers left by killed runs
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import dataclasses
+import hashlib
+import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from c2.envs.sandbox import SandboxError, SandboxLimits, SandboxResult
+from c2.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, _tree_bytes
 
-# The tasks' common FROM lines, on images built locally from the Debian archive.
-BASE_IMAGES = {
-    "python:3.13-slim-bookworm": "localhost/c2-base:bookworm",
-    "python:3.11-slim": "localhost/c2-base:bookworm",
-    "python:3.11": "localhost/c2-base:bookworm",
-    "python:3.10-slim-bookworm": "localhost/c2-base:bookworm",
-    "debian:bookworm-slim": "localhost/c2-base:bookworm",
+LABEL = "c2.session"
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseRecipe:
+    """A local base image: mmdebstrap of `suite` (or FROM `parent`), then the common layer."""
+
+    suite: str | None = None
+    mirror: str = "http://deb.debian.org/debian"
+    security: str | None = "http://deb.debian.org/debian-security"
+    components: str = "main"
+    keyring: str | None = None
+    parent: str | None = None
+    python: bool = False  # the python:* images' layout (python, pip in /usr/local/bin)
+    test_tools: bool = True  # uv and Python 3.13 for Harbor's test setup (module doc)
+
+    def sources(self) -> list[str]:
+        comp = self.components.replace(",", " ")
+        out = [f"deb {self.mirror} {self.suite} {comp}"]
+        out.append(f"deb {self.mirror} {self.suite}-updates {comp}")
+        if self.security:
+            out.append(f"deb {self.security} {self.suite}-security {comp}")
+        return out
+
+
+_UBUNTU = "http://archive.ubuntu.com/ubuntu"
+BASES = {
+    "localhost/c2-base:bookworm": BaseRecipe("bookworm"),
+    "localhost/c2-base:trixie": BaseRecipe("trixie"),
+    "localhost/c2-base:noble": BaseRecipe(
+        "noble",
+        mirror=_UBUNTU,
+        security=_UBUNTU,
+        components="main,universe",
+        keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+    ),
+    "localhost/c2-python:3.11-bookworm": BaseRecipe(
+        parent="localhost/c2-base:bookworm", python=True
+    ),
+    "localhost/c2-python:3.13-trixie": BaseRecipe(parent="localhost/c2-base:trixie", python=True),
+    # Without uv and Python 3.13 (a minute or two to build: what CI builds for the tests).
+    "localhost/c2-base:bookworm-min": BaseRecipe("bookworm", test_tools=False),
 }
+# The tasks' FROM lines, on local bases. Where the release differs, the nearest one with that
+# Python (python:3.13-slim-bookworm: Debian 13 has Python 3.13, Debian 12 has 3.11).
+BASE_IMAGES = {
+    "python:3.13-slim-bookworm": "localhost/c2-python:3.13-trixie",
+    "python:3.13-slim": "localhost/c2-python:3.13-trixie",
+    "python:3.13": "localhost/c2-python:3.13-trixie",
+    "python:3.11-slim": "localhost/c2-python:3.11-bookworm",
+    "python:3.11-slim-bookworm": "localhost/c2-python:3.11-bookworm",
+    "python:3.11": "localhost/c2-python:3.11-bookworm",
+    "python:3.10-slim-bookworm": "localhost/c2-python:3.11-bookworm",
+    "python:3.10-slim": "localhost/c2-python:3.11-bookworm",
+    "debian:bookworm-slim": "localhost/c2-base:bookworm",
+    "debian:bookworm": "localhost/c2-base:bookworm",
+    "debian:bullseye-slim": "localhost/c2-base:bookworm",
+    "debian:13.0-slim": "localhost/c2-base:trixie",
+    "debian:trixie-slim": "localhost/c2-base:trixie",
+    "ubuntu:24.04": "localhost/c2-base:noble",
+    "ubuntu:noble": "localhost/c2-base:noble",
+}
+UV_VERSION = "0.9.5"
+_UV_ENV = (  # the uv installer's ~/.local/bin/env
+    'case ":${PATH}:" in *:"$HOME/.local/bin":*) ;; '
+    '*) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Isolation:
     backend: str
+    host_uid: int = dataclasses.field(default_factory=os.geteuid)
 
     def describe(self) -> str:
         return f"{self.backend} containers"
 
 
 def engine_command(engine: str = "podman") -> list[str]:
+    if engine not in ("podman", "docker"):
+        raise SandboxError(f"engine={engine!r}: expected 'podman' or 'docker'")
     exe = shutil.which(engine)
     if exe is None:
         raise SandboxError(f"{engine} is not installed (Debian: apt-get install podman runc)")
@@ -62,6 +162,42 @@ def engine_command(engine: str = "podman") -> list[str]:
     if engine == "podman" and shutil.which("runc"):
         cmd += ["--runtime", shutil.which("runc")]
     return cmd
+
+
+def engine_available(engine: str = "podman") -> str | None:
+    """None when `engine` can run containers here, else why not (for skips and errors)."""
+    try:
+        cmd = engine_command(engine)
+    except SandboxError as e:
+        return str(e)
+    r = subprocess.run([*cmd, "info"], capture_output=True, text=True, timeout=120)
+    return None if r.returncode == 0 else f"`{engine} info` failed: {r.stderr.strip()[-300:]}"
+
+
+def image_exists(tag: str, engine: str = "podman") -> bool:
+    cmd = engine_command(engine)
+    if engine == "podman":
+        return subprocess.run([*cmd, "image", "exists", tag], capture_output=True).returncode == 0
+    return subprocess.run([*cmd, "image", "inspect", tag], capture_output=True).returncode == 0
+
+
+def image_id(tag: str, engine: str = "podman") -> str | None:
+    r = subprocess.run(
+        [*engine_command(engine), "image", "inspect", "-f", "{{.Id}}", tag],
+        capture_output=True,
+        text=True,
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def image_workdir(tag: str, engine: str = "podman") -> str:
+    r = subprocess.run(
+        [*engine_command(engine), "image", "inspect", "-f", "{{.Config.WorkingDir}}", tag],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return r.stdout.strip() or "/"
 
 
 def _ulimits(limits: SandboxLimits) -> list[str]:
@@ -77,19 +213,88 @@ def _ulimits(limits: SandboxLimits) -> list[str]:
     return out
 
 
-class ContainerSandbox:
-    """Runs commands in containers of one image; Sandbox.run's arguments and result."""
+def _resources(limits: SandboxLimits) -> list[str]:
+    argv = ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
+    argv += ["--cpus", str(limits.cpus), "--pids-limit", str(limits.max_processes + 8)]
+    return argv + _ulimits(limits)
 
-    def __init__(self, image: str, *, engine: str = "podman", limits: SandboxLimits | None = None):
-        self.image, self.engine = image, engine
-        self.cmd = engine_command(engine)
-        self.limits = limits or SandboxLimits()
-        self.isolation = _Isolation(engine)
+
+class ContainerSandbox:
+    """Sandbox.run's arguments and result, in containers of one image (module doc: one container
+    per episode, keyed by the workspace). Thread-safe; one instance serves every episode of the
+    image (`container_sandbox`)."""
 
     isolated = True
 
+    def __init__(
+        self,
+        image: str,
+        *,
+        engine: str = "podman",
+        limits: SandboxLimits | None = None,
+        network: bool = False,
+    ):
+        self.image, self.engine, self.network = image, engine, network
+        self.cmd = engine_command(engine)
+        self.limits = limits or SandboxLimits()
+        self.isolation = _Isolation(engine)
+        self._sessions: dict[str, str] = {}  # workspace realpath -> container name
+        self._lock = threading.Lock()
+
     def give_workspace(self, path: str | os.PathLike) -> None:
         """Commands run as the container's root: nothing to hand over."""
+
+    # ------------------------------------------------------------------ sessions
+
+    def _net(self) -> list[str]:
+        return [] if self.network else ["--network", "none"]
+
+    def session(self, workdir: Path, mount_at: str, limits: SandboxLimits) -> str:
+        """The running container of `workdir`'s episode, started on first use."""
+        key = str(workdir)
+        with self._lock:
+            name = self._sessions.get(key)
+            if name is not None:
+                return name
+            self._collect_garbage_locked()
+            name = f"c2-{uuid.uuid4().hex[:12]}"
+            argv = [*self.cmd, "run", "-d", "--name", name, "--init", *self._net()]
+            argv += ["--label", f"{LABEL}={key}", *_resources(limits)]
+            argv += ["-v", f"{workdir}:{mount_at}", "-w", mount_at, self.image]
+            argv += ["sleep", "infinity"]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                subprocess.run([*self.cmd, "rm", "-f", name], capture_output=True, timeout=120)
+                raise SandboxError(
+                    f"could not start a container of {self.image}: {r.stderr[-500:]}"
+                )
+            self._sessions[key] = name
+            return name
+
+    def collect_garbage(self) -> None:
+        """Remove the containers of episodes whose workspace was deleted."""
+        with self._lock:
+            self._collect_garbage_locked()
+
+    def _collect_garbage_locked(self) -> None:
+        for key, name in list(self._sessions.items()):
+            if not os.path.isdir(key):
+                self._remove(name)
+                del self._sessions[key]
+
+    def _remove(self, name: str) -> None:
+        subprocess.run([*self.cmd, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+
+    def close(self, workdir: str | os.PathLike | None = None) -> None:
+        """Remove the container of `workdir`'s episode, or of every episode."""
+        with self._lock:
+            keys = list(self._sessions) if workdir is None else [str(Path(workdir).resolve())]
+            for key in keys:
+                name = self._sessions.pop(key, None)
+                if name is not None:
+                    self._remove(name)
+
+    # ------------------------------------------------------------------ running
 
     def run(
         self,
@@ -104,52 +309,105 @@ class ContainerSandbox:
         python_env: str | os.PathLike | None = None,
     ) -> SandboxResult:
         limits = limits or self.limits
-        workdir = Path(workdir).resolve()
+        workdir = Path(workdir)
         if not workdir.is_dir():
             raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
-        name = f"c2-{uuid.uuid4().hex[:12]}"
-        argv = [*self.cmd, "run", "--name", name, "--network", "none", "--init"]
-        argv += ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
-        argv += ["--cpus", str(limits.cpus), "--pids-limit", str(limits.max_processes + 8)]
-        argv += _ulimits(limits)
-        argv += ["-v", f"{workdir}:{mount_at}" + (":ro" if readonly else ""), "-w", mount_at]
-        for src, dst, writable in binds:
-            argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
+        workdir = workdir.resolve()
         if python_env is not None:
-            argv += ["-v", f"{os.path.realpath(python_env)}:{os.path.realpath(python_env)}:ro"]
-        for k, v in (env or {}).items():
-            argv += ["-e", f"{k}={v}"]
+            raise SandboxError(
+                f"python_env={str(python_env)!r}: a container task has its image's environment"
+            )
         if isinstance(command, str):
             command = ["/bin/bash", "-c", command]
-        argv += [self.image, *command]
+        # coreutils timeout: TERM to the command's whole process group at the limit, KILL 2 s on.
+        inner = ["timeout", "-k", "2", f"{limits.timeout_s:g}", *command]
+        if readonly:
+            return self._run_fresh(inner, workdir, limits, mount_at, binds, env)
+        name = self.session(workdir, mount_at, limits)
+        copy_back = []
+        for src, dst, writable in binds:
+            self._copy_in(name, Path(src), dst)
+            if writable:
+                copy_back.append((Path(src), dst))
+        argv = [*self.cmd, "exec", "-w", mount_at]
+        for k, v in (env or {}).items():
+            argv += ["-e", f"{k}={v}"]
+        result = self._execute([*argv, name, *inner], limits, workdir, check_disk=True)
+        for src, dst in copy_back:
+            self._copy_out(name, dst, src)
+        return result
+
+    def _run_fresh(self, inner, workdir, limits, mount_at, binds, env) -> SandboxResult:
+        name = f"c2-{uuid.uuid4().hex[:12]}"
+        argv = [*self.cmd, "run", "--rm", "--name", name, "--init", *self._net()]
+        argv += [*_resources(limits), "-v", f"{workdir}:{mount_at}:ro", "-w", mount_at]
+        for src, dst, writable in binds:
+            argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
+        for k, v in (env or {}).items():
+            argv += ["-e", f"{k}={v}"]
+        try:
+            return self._execute([*argv, self.image, *inner], limits, workdir, check_disk=False)
+        finally:
+            self._remove(name)
+
+    def _copy_in(self, name: str, src: Path, dst: str) -> None:
+        parent = os.path.dirname(dst.rstrip("/")) or "/"
+        prep = f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(parent)}"
+        self._check([*self.cmd, "exec", name, "sh", "-c", prep])
+        self._check([*self.cmd, "cp", str(src.resolve()), f"{name}:{dst}"])
+
+    def _copy_out(self, name: str, dst: str, to: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="c2-cp-") as tmp:
+            got = Path(tmp) / "d"  # `cp DIR NEW` copies DIR's contents into NEW
+            r = subprocess.run(
+                [*self.cmd, "cp", f"{name}:{dst.rstrip('/')}", str(got)],
+                capture_output=True,
+                timeout=300,
+            )
+            if r.returncode == 0 and got.is_dir():
+                shutil.copytree(got, to, symlinks=True, dirs_exist_ok=True)
+
+    def _check(self, argv: list[str]) -> None:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise SandboxError(f"{shlex.join(argv[-3:])}: {r.stderr.strip()[-300:]}")
+
+    def _execute(self, argv, limits: SandboxLimits, workdir: Path, check_disk: bool):
+        cap = limits.max_output_bytes
         t0 = time.monotonic()
-        timed_out = False
+        deadline = t0 + limits.timeout_s + 10  # the host's backstop behind `timeout` inside
+        timed_out = overflow = False
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-            try:
-                code = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                subprocess.run([*self.cmd, "kill", name], capture_output=True, timeout=60)
-                code = proc.wait(timeout=60)
+            while proc.poll() is None:
+                time.sleep(0.05)
+                if os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > cap:
+                    overflow = True
+                elif time.monotonic() < deadline:
+                    continue
+                else:
+                    timed_out = True
+                proc.kill()
+                break
+            code = proc.wait()
             wall = time.monotonic() - t0
-            stdout, so_cut = _read(out, limits.max_output_bytes)
-            stderr, se_cut = _read(err, limits.max_output_bytes)
-        oom = subprocess.run(
-            [*self.cmd, "inspect", "-f", "{{.State.OOMKilled}}", name],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        subprocess.run([*self.cmd, "rm", "-f", name], capture_output=True, timeout=120)
+            stdout, so_cut = _read(out, cap)
+            stderr, se_cut = _read(err, max(0, cap - len(stdout.encode())))
+        if overflow or timed_out:
+            self._stop_stragglers(argv)
+        # `timeout` exits 124 when the limit stopped the command (137 after its KILL).
+        if code in (124, 137) and wall >= limits.timeout_s * 0.98:
+            timed_out = True
         hit = []
         if timed_out:
             hit.append("wall_time")
-        if so_cut or se_cut:
+        if so_cut or se_cut or overflow:
             hit.append("output")
-        # A SIGKILL nobody sent on a timeout is the kernel's OOM killer (under --init the
-        # container itself survives, so OOMKilled stays false).
-        if oom == "true" or (code == 137 and not timed_out):
+        # A SIGKILL nobody sent (no timeout) is the kernel's OOM killer in the container's cgroup.
+        if code == 137 and not timed_out and not overflow:
             hit.append("memory")
+        if check_disk and _tree_bytes(workdir) > limits.max_workspace_mb << 20:
+            hit.append("disk")
         return SandboxResult(
             exit_code=None if timed_out else code,
             timed_out=timed_out,
@@ -157,8 +415,8 @@ class ContainerSandbox:
             stderr=stderr,
             limit=hit[0] if hit else None,
             limits_hit=hit,
-            stdout_truncated=so_cut,
-            stderr_truncated=se_cut,
+            stdout_truncated=so_cut or overflow,
+            stderr_truncated=se_cut or overflow,
             wall_s=wall,
             first_output_s=None,
             cpu_s=None,
@@ -166,11 +424,98 @@ class ContainerSandbox:
             isolation=self.isolation.describe(),
         )
 
+    def _stop_stragglers(self, argv) -> None:
+        """After the host gave up on a command (the backstop deadline, or too much output):
+        killing the exec client does not reach inside, so the episode's container is restarted
+        (every process in it ends; its filesystem stays)."""
+        if "exec" not in argv:
+            return  # a fresh container: removed by the caller
+        name = next((n for n in self._sessions.values() if n in argv), None)
+        if name is not None:
+            subprocess.run([*self.cmd, "restart", "-t", "0", name], capture_output=True)
+
 
 def _read(f, cap: int) -> tuple[str, bool]:
     f.seek(0)
     data = f.read(cap + 1)
     return data[:cap].decode(errors="replace"), len(data) > cap
+
+
+_SANDBOXES: dict[tuple, ContainerSandbox] = {}
+_SANDBOXES_LOCK = threading.Lock()
+
+
+def container_sandbox(
+    image: str,
+    *,
+    engine: str = "podman",
+    network: bool = False,
+    limits: SandboxLimits | None = None,
+    context: str | os.PathLike | None = None,
+    dockerfile: str = "Dockerfile",
+    build_timeout_s: float = 3600,
+) -> ContainerSandbox:
+    """The shared ContainerSandbox of `image` (one per image, engine and network policy), so a
+    task's tools and its grading find the same episode containers. When the image is missing
+    and `context` is given, it is built from there first."""
+    key = (image, engine, network)
+    with _SANDBOXES_LOCK:
+        sb = _SANDBOXES.get(key)
+        if sb is None:
+            if not image_exists(image, engine):
+                if context is None:
+                    raise SandboxError(f"image {image} is missing and no build context was given")
+                r = build_image(
+                    context, image, engine=engine, dockerfile=dockerfile, timeout_s=build_timeout_s
+                )
+                if r.returncode != 0:
+                    raise SandboxError(f"building {image} failed: {_build_error(r)}")
+            sb = _SANDBOXES[key] = ContainerSandbox(
+                image, engine=engine, limits=limits, network=network
+            )
+    return sb
+
+
+@atexit.register
+def close_all() -> None:
+    """Remove every episode container this process started."""
+    for sb in list(_SANDBOXES.values()):
+        with contextlib.suppress(Exception):
+            sb.close()
+
+
+def collect_leftovers(engine: str = "podman") -> int:
+    """Remove episode containers (label c2.session) whose workspace no longer exists: what a
+    killed run left behind. Returns how many were removed."""
+    cmd = engine_command(engine)
+    fmt = '{{.Names}} {{index .Labels "' + LABEL + '"}}'
+    r = subprocess.run(
+        [*cmd, "ps", "-a", "--filter", f"label={LABEL}", "--format", fmt],
+        capture_output=True,
+        text=True,
+    )
+    gone = []
+    for line in r.stdout.splitlines():
+        name, _, ws = line.partition(" ")
+        if name and not os.path.isdir(ws):
+            gone.append(name)
+    if gone:
+        subprocess.run([*cmd, "rm", "-f", "-t", "0", *gone], capture_output=True)
+    return len(gone)
+
+
+# ---------------------------------------------------------------------- task images
+
+
+def from_images(dockerfile: str) -> list[str]:
+    """The images a Dockerfile's FROM lines name (stage names excluded)."""
+    stages, out = set(), []
+    for m in re.finditer(r"(?im)^\s*FROM\s+(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?", dockerfile):
+        if m.group(1).lower() not in stages:
+            out.append(m.group(1))
+        if m.group(2):
+            stages.add(m.group(2).lower())
+    return out
 
 
 def map_from_lines(dockerfile: str, bases: dict[str, str] | None = None) -> str:
@@ -184,6 +529,33 @@ def map_from_lines(dockerfile: str, bases: dict[str, str] | None = None) -> str:
     return re.sub(r"(?im)^(\s*FROM\s+(?:--\S+\s+)*)(\S+)", sub, dockerfile)
 
 
+def context_hash(
+    context: str | os.PathLike, *, dockerfile: str = "Dockerfile", engine: str = "podman"
+) -> str:
+    """A content hash of the build: the mapped Dockerfile, every file of the context (path,
+    mode, bytes) and the ids of the local base images it starts from."""
+    context = Path(context)
+    text = map_from_lines((context / dockerfile).read_text())
+    h = hashlib.sha256(b"c2-image 1\n" + text.encode() + b"\0")
+    for f in sorted(context.rglob("*")):
+        if f.is_file() or f.is_symlink():
+            rel = f.relative_to(context).as_posix()
+            h.update(f"{rel}\0{f.lstat().st_mode:o}\0".encode())
+            h.update(os.readlink(f).encode() if f.is_symlink() else _file_digest(f))
+    for base in from_images(text):
+        if base.startswith("localhost/"):
+            h.update((image_id(base, engine) or base).encode())
+    return h.hexdigest()[:16]
+
+
+def _file_digest(path: Path) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.digest()
+
+
 def build_image(
     context: str | os.PathLike,
     tag: str,
@@ -191,67 +563,314 @@ def build_image(
     engine: str = "podman",
     timeout_s: float = 1800,
     bases: dict[str, str] | None = None,
+    dockerfile: str = "Dockerfile",
+    log: str | os.PathLike | None = None,
 ) -> subprocess.CompletedProcess:
-    """Build context/Dockerfile as `tag` (FROM lines mapped onto local bases)."""
+    """Build context/dockerfile as `tag` (FROM lines mapped onto local bases). A build that runs
+    past `timeout_s` returns code 124 with what it printed so far."""
     context = Path(context)
-    text = map_from_lines((context / "Dockerfile").read_text(), bases)
+    text = map_from_lines((context / dockerfile).read_text(), bases)
     with tempfile.NamedTemporaryFile("w", suffix=".Dockerfile", delete=False) as f:
         f.write(text)
+    ul = _ulimits(SandboxLimits(max_open_files=4096, max_processes=1024))
+    argv = [*engine_command(engine), "build", *ul, "-t", tag, "-f", f.name, str(context)]
     try:
-        ul = _ulimits(SandboxLimits(max_open_files=4096, max_processes=1024))
-        argv = [*engine_command(engine), "build", *ul, "-t", tag, "-f", f.name, str(context)]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        proc = subprocess.CompletedProcess(
+            argv, 124, out, err + f"\nbuild timed out ({timeout_s:g} s)"
+        )
     finally:
         os.unlink(f.name)
+    if log is not None:
+        Path(log).write_text(proc.stdout + "\n--- stderr\n" + proc.stderr)
+    return proc
 
 
-def build_base_image(
-    suite: str,
-    tag: str,
+def _build_error(r: subprocess.CompletedProcess) -> str:
+    """The failing step and the last lines of a build's output."""
+    text = (r.stdout or "") + "\n" + (r.stderr or "")
+    steps = re.findall(r"^STEP \d+/\d+: .*$", text, re.M)
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    where = steps[-1][:200] if steps else "before the first step"
+    return f"{where}: ... {' | '.join(lines[-4:])[-500:]}"
+
+
+def ensure_image(
+    context: str | os.PathLike,
     *,
-    include: Sequence[str] = ("ca-certificates", "python3"),
+    repo: str,
     engine: str = "podman",
-) -> None:
-    """A base image from the Debian archive: mmdebstrap SUITE into a tarball, imported as TAG."""
-    if shutil.which("mmdebstrap") is None:
-        raise SandboxError("mmdebstrap is not installed (Debian: apt-get install mmdebstrap)")
-    with tempfile.TemporaryDirectory() as tmp:
-        tar = Path(tmp) / "rootfs.tar"
-        inc = ",".join(include)
-        subprocess.run(
-            ["mmdebstrap", "--variant=apt", f"--include={inc}", suite, str(tar)], check=True
+    dockerfile: str = "Dockerfile",
+    timeout_s: float = 1800,
+    log: str | os.PathLike | None = None,
+) -> tuple[str, subprocess.CompletedProcess | None]:
+    """(tag, build result or None when cached): `repo:<content hash>`, built if missing."""
+    tag = f"{repo}:{context_hash(context, dockerfile=dockerfile, engine=engine)}"
+    if image_exists(tag, engine):
+        return tag, None
+    return tag, build_image(
+        context, tag, engine=engine, timeout_s=timeout_s, dockerfile=dockerfile, log=log
+    )
+
+
+def copy_out_of_image(image: str, path: str, dest: str | os.PathLike, engine: str = "podman"):
+    """Copy the contents of `path` (a directory) of `image` into `dest` (new, or empty)."""
+    dest = Path(dest)
+    if dest.is_dir():
+        dest.rmdir()  # must be empty: `cp DIR NEW` copies DIR's contents into NEW
+    cmd = engine_command(engine)
+    name = f"c2-cp-{uuid.uuid4().hex[:12]}"
+    r = subprocess.run(
+        [*cmd, "create", "--name", name, image, "true"], capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        raise SandboxError(f"could not create a container of {image}: {r.stderr[-300:]}")
+    try:
+        r = subprocess.run(
+            [*cmd, "cp", f"{name}:{path.rstrip('/') or '/'}", str(dest)],
+            capture_output=True,
+            text=True,
         )
-        subprocess.run([*engine_command(engine), "import", str(tar), tag], check=True)
+        if r.returncode != 0 and "could not be found" in r.stderr:
+            dest.mkdir()  # buildah's WORKDIR alone makes no directory: an empty workspace
+        elif r.returncode != 0:
+            raise SandboxError(f"copying {path} out of {image} failed: {r.stderr[-300:]}")
+    finally:
+        subprocess.run([*cmd, "rm", "-f", name], capture_output=True)
+
+
+# ---------------------------------------------------------------------- base images
+
+
+def _host_ca_certs() -> list[Path]:
+    d = Path("/usr/local/share/ca-certificates")
+    return sorted(d.rglob("*.crt")) if d.is_dir() else []
+
+
+def _uv_binaries(dest: Path) -> None:
+    """uv and uvx of UV_VERSION from PyPI (the wheel holds the static binaries)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", f"uv=={UV_VERSION}", "--no-deps"]
+            + ["--only-binary=:all:", "--platform", "manylinux_2_17_x86_64", "-d", tmp],
+            check=True,
+            capture_output=True,
+        )
+        (wheel,) = Path(tmp).glob("uv-*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            for name in ("uv", "uvx"):
+                target = dest / name
+                target.write_bytes(z.read(f"uv-{UV_VERSION}.data/scripts/{name}"))
+                target.chmod(0o755)
+
+
+_CPYTHON_BUILD = r"""set -e
+prefix=/root/.local/share/uv/python/cpython-{version}-linux-x86_64-gnu
+deps="gcc make libc6-dev libssl-dev zlib1g-dev libffi-dev libsqlite3-dev libbz2-dev liblzma-dev
+ libreadline-dev libncurses-dev uuid-dev xz-utils"
+apt-get update -qq
+if apt-cache show python3.13 >/dev/null 2>&1; then  # the release has it (Debian 13): no build
+  apt-get install -y -qq --no-install-recommends python3.13 >/dev/null
+  rm -rf /var/lib/apt/lists/*
+  exit 0
+fi
+apt-get install -y -qq --no-install-recommends $deps >/dev/null
+mkdir /tmp/cpython/src
+tar xf /tmp/cpython/python3.13_{version}.orig.tar.xz -C /tmp/cpython/src --strip-components=1
+cd /tmp/cpython/src
+./configure -q --prefix=$prefix --without-ensurepip --disable-test-modules \
+  OPT="-DNDEBUG -fwrapv -O1"
+make -s -j"$(nproc)" >/dev/null 2>&1 || make -j1
+make -s install >/dev/null
+# keep the shared libraries the interpreter links to, then drop the build dependencies
+libs=$(find $prefix -name '*.so*' -type f -exec ldd {{}} \; 2>/dev/null | awk '/=> \//{{print $3}}')
+keep=$(for l in $(echo "$libs" | sort -u); do dpkg -S "$(basename "$l")" 2>/dev/null; done |
+ grep -v '^diversion' | cut -d: -f1 | tr ',' '\n' | sed 's/ //g' | sort -u |
+ grep -v -- '-dev$' || true)
+[ -z "$keep" ] || apt-mark manual $keep >/dev/null
+apt-get purge -y -qq --auto-remove $deps >/dev/null
+rm -rf /var/lib/apt/lists/* $prefix/lib/python3.13/test
+$prefix/bin/python3 -c "import ssl, sqlite3, lzma, bz2, zlib, ctypes, readline; print('cpython ok')"
+"""
+
+
+def _cpython_source(dest: Path) -> None:
+    """Debian's python3.13 source (apt checks it against the archive's signed index)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        (t / "lists" / "partial").mkdir(parents=True)
+        (t / "sources.list").write_text(
+            "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+            "http://deb.debian.org/debian trixie main\n"
+        )
+        opts = ["-o", f"Dir::Etc::SourceList={t}/sources.list", "-o", "Dir::Etc::SourceParts=-"]
+        opts += ["-o", f"Dir::State::Lists={t}/lists"]
+        subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
+        subprocess.run(
+            ["apt-get", *opts, "source", "--download-only", "python3.13"],
+            check=True,
+            capture_output=True,
+            cwd=dest,
+        )
+    for f in dest.iterdir():
+        if not f.name.endswith(".orig.tar.xz"):
+            f.unlink()
+    (orig,) = dest.glob("python3.13_*.orig.tar.xz")
+    version = orig.name.split("_")[1].removesuffix(".orig.tar.xz")
+    (dest / "build.sh").write_text(_CPYTHON_BUILD.format(version=version))
+
+
+def _base_layer(recipe: BaseRecipe, parent: str) -> str:
+    """The Dockerfile of the layer over an mmdebstrap rootfs (or over a parent base)."""
+    env = "/etc/ssl/certs/ca-certificates.crt"
+    lines = [f"FROM {parent}"]
+    if recipe.parent is None:
+        lines += [
+            "COPY certs/ /usr/local/share/ca-certificates/c2-host/",
+            "RUN update-ca-certificates >/dev/null && rm -rf /var/lib/apt/lists/*",
+            f"ENV SSL_CERT_FILE={env} REQUESTS_CA_BUNDLE={env} PIP_CERT={env} "
+            f"CURL_CA_BUNDLE={env} NODE_EXTRA_CA_CERTS={env} "
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+            "LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive",
+        ]
+    if recipe.parent is None and recipe.test_tools:
+        lines += [
+            "COPY uv/ /root/.local/bin/",
+            # What `uvx -p 3.13` would fetch at test time (github.com is not reachable here):
+            # CPython 3.13 from Debian's source package, built where uv keeps its Pythons (or
+            # the release's own python3.13 where it has one).
+            "COPY cpython/ /tmp/cpython/",
+            "RUN sh /tmp/cpython/build.sh && rm -rf /tmp/cpython",
+        ]
+    if recipe.python:
+        lines += [
+            "RUN apt-get update && apt-get install -y --no-install-recommends python3 "
+            "python3-pip python3-venv python3-dev && rm -rf /var/lib/apt/lists/* && "
+            "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED && "
+            "ln -sf /usr/bin/python3 /usr/local/bin/python && "
+            "ln -sf /usr/bin/python3 /usr/local/bin/python3 && "
+            "ln -sf /usr/bin/pip3 /usr/local/bin/pip && ln -sf /usr/bin/pip3 /usr/local/bin/pip3",
+        ]
+    lines.append('CMD ["bash"]')
+    return "\n".join(lines) + "\n"
+
+
+def build_base_image(tag: str, *, engine: str = "podman", log=print) -> None:
+    """Build the base image `tag` of BASES (its parent first, when that is missing)."""
+    if tag not in BASES:
+        raise SandboxError(f"no recipe for base image {tag!r}; known: {sorted(BASES)}")
+    recipe = BASES[tag]
+    cmd = engine_command(engine)
+    with tempfile.TemporaryDirectory(prefix="c2-base-") as tmp:
+        ctx = Path(tmp) / "ctx"
+        ctx.mkdir()
+        if recipe.parent is not None:
+            if not image_exists(recipe.parent, engine):
+                build_base_image(recipe.parent, engine=engine, log=log)
+            parent = recipe.parent
+        else:
+            if shutil.which("mmdebstrap") is None:
+                raise SandboxError(
+                    "mmdebstrap is not installed (Debian: apt-get install mmdebstrap)"
+                )
+            if recipe.keyring and not os.path.isfile(recipe.keyring):
+                raise SandboxError(f"{tag}: the archive keyring {recipe.keyring} is missing")
+            tar = Path(tmp) / "rootfs.tar"
+            argv = ["mmdebstrap", "--variant=apt", "--include=ca-certificates"]
+            argv += [f"--components={recipe.components}"]
+            if recipe.keyring:
+                argv += [f"--keyring={recipe.keyring}"]
+            argv += [recipe.suite, str(tar), *recipe.sources()]
+            log(f"{tag}: mmdebstrap {recipe.suite}")
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SandboxError(f"mmdebstrap {recipe.suite} failed: {r.stderr[-1500:]}")
+            parent = f"{tag}-rootfs"
+            subprocess.run([*cmd, "import", str(tar), parent], check=True, capture_output=True)
+            (ctx / "certs").mkdir()
+            for crt in _host_ca_certs():
+                shutil.copy(crt, ctx / "certs" / crt.name)
+            if recipe.test_tools:
+                (ctx / "uv").mkdir()
+                _uv_binaries(ctx / "uv")
+                (ctx / "uv" / "env").write_text(_UV_ENV)
+                (ctx / "cpython").mkdir()
+                _cpython_source(ctx / "cpython")
+        (ctx / "Dockerfile").write_text(_base_layer(recipe, parent))
+        log(f"{tag}: building its layer over {parent}")
+        r = build_image(ctx, tag, engine=engine, bases={}, timeout_s=3600)
+        if r.returncode != 0:
+            raise SandboxError(f"building {tag} failed: {_build_error(r)}")
+        if recipe.parent is None:
+            subprocess.run([*cmd, "rmi", parent], capture_output=True)
+
+
+def missing_bases(engine: str = "podman") -> list[str]:
+    return [t for t in BASES if not image_exists(t, engine)]
+
+
+# ---------------------------------------------------------------------- CLI
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m c2.envs.container", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m c2.envs.container",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("base")
-    b.add_argument("--suite", default="bookworm")
-    b.add_argument("--tag", default="localhost/c2-base:bookworm")
+    b = sub.add_parser("base", help="build local base images (default: every one of BASES)")
+    b.add_argument("tags", nargs="*")
+    b.add_argument("--missing", action="store_true", help="only those not built yet")
     bd = sub.add_parser("build")
     bd.add_argument("--context", required=True)
-    bd.add_argument("--tag", required=True)
+    bd.add_argument("--tag", default=None, help="default: localhost/c2-image:<content hash>")
     r = sub.add_parser("run")
     r.add_argument("--image", required=True)
     r.add_argument("--workdir", required=True)
+    r.add_argument("--mount_at", default="/workspace")
     r.add_argument("--timeout", type=float, default=30)
     r.add_argument("--memory_mb", type=int, default=1024)
+    r.add_argument("--network", action="store_true")
     r.add_argument("command", nargs="+")
-    for x in (b, bd, r):
+    g = sub.add_parser("gc", help="remove episode containers whose workspace is gone")
+    for x in (b, bd, r, g):
         x.add_argument("--engine", default="podman", choices=("podman", "docker"))
     args = p.parse_args(argv)
-    if args.cmd == "base":
-        build_base_image(args.suite, args.tag, engine=args.engine)
-    elif args.cmd == "build":
-        res = build_image(args.context, args.tag, engine=args.engine)
-        print(res.stdout[-2000:], res.stderr[-2000:], sep="\n")
-        return res.returncode
-    else:
-        lim = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
-        sb = ContainerSandbox(args.image, engine=args.engine, limits=lim)
-        print(sb.run(args.command, args.workdir).to_json())
+    try:
+        if args.cmd == "base":
+            tags = args.tags or list(BASES)
+            if args.missing:
+                tags = [t for t in tags if not image_exists(t, args.engine)]
+            for tag in tags:
+                t0 = time.monotonic()
+                build_base_image(tag, engine=args.engine)
+                print(json.dumps({"built": tag, "seconds": round(time.monotonic() - t0, 1)}))
+        elif args.cmd == "build":
+            if args.tag:
+                res = build_image(args.context, args.tag, engine=args.engine)
+                tag = args.tag
+            else:
+                tag, res = ensure_image(args.context, repo="localhost/c2-image", engine=args.engine)
+            if res is not None and res.returncode != 0:
+                print(_build_error(res), file=sys.stderr)
+                return res.returncode
+            print(tag)
+        elif args.cmd == "gc":
+            print(json.dumps({"removed": collect_leftovers(args.engine)}))
+        else:
+            lim = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
+            sb = ContainerSandbox(args.image, engine=args.engine, limits=lim, network=args.network)
+            try:
+                print(sb.run(args.command, args.workdir, mount_at=args.mount_at).to_json())
+            finally:
+                sb.close()
+    except SandboxError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

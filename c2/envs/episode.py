@@ -165,7 +165,9 @@ def run_episode(
     segment_id: int = 0,
     writer: JsonlWriter | None = None,
 ) -> Episode:
-    """One session: copy the workspace, loop policy -> tool calls -> observations, record."""
+    """One session: copy the workspace, loop policy -> tool calls -> observations, record.
+    A container task runs in its image (Task.sandbox), any other in `sandbox`."""
+    sandbox = task.sandbox(sandbox)
     if not sandbox.isolated:
         raise RuntimeError(
             f"episodes need a namespace sandbox; this machine has {sandbox.isolation.describe()}"

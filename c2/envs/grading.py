@@ -63,7 +63,9 @@ def _sandbox_limits(task: Task, base: SandboxLimits) -> SandboxLimits:
 def run_hidden_tests(
     task: Task, workspace: str | os.PathLike, sandbox: Sandbox, limits: SandboxLimits | None = None
 ) -> TestRun:
-    """Run the task's hidden tests against `workspace` in a sandbox."""
+    """Run the task's hidden tests against `workspace` in a sandbox (a container task's: the
+    container its episode ran in, so the tests see what the agent installed, as in Harbor)."""
+    sandbox = task.sandbox(sandbox)
     limits = _sandbox_limits(task, limits or sandbox.limits)
     python_env = task.python_env()
     if task.grader == "harbor":

@@ -63,8 +63,12 @@ REASONS = {
     "other-installer": "installs with something other than apt or pip (npm, cargo, conda, ...)",
     "env-build-failed": "pip could not build the task's Python environment",
     "build-failed": "a Dockerfile RUN step failed in the offline sandbox",
+    "base-image": "(container backend) a FROM image with no local base and no registry",
+    "image-build-failed": "(container backend) building the task's Dockerfile failed",
+    "workdir": "(container backend) the image's working directory is / or a system directory",
     "error": "the importer hit an unexpected error (a bug: the message has the traceback)",
 }
+BACKENDS = ("bwrap", "podman", "docker")
 _IGNORED_STEPS = {"ENV", "ARG", "LABEL", "CMD", "ENTRYPOINT", "EXPOSE", "USER", "SHELL"}
 _IGNORED_STEPS |= {"VOLUME", "STOPSIGNAL", "HEALTHCHECK", "ONBUILD", "MAINTAINER"}
 _DOWNLOAD = re.compile(
@@ -504,8 +508,9 @@ def task_limits(config: dict) -> dict:
 # ---------------------------------------------------------------------- one task
 
 
-def source_fingerprint(src: Path) -> str:
-    h = hashlib.sha256(f"c2-harbor-import {IMPORTER_VERSION}\n".encode())
+def source_fingerprint(src: Path, backend: str = "bwrap") -> str:
+    tail = "" if backend == "bwrap" else f" {backend}"
+    h = hashlib.sha256(f"c2-harbor-import {IMPORTER_VERSION}{tail}\n".encode())
     for f in sorted(src.rglob("*")):
         if f.is_file():
             h.update(f.relative_to(src).as_posix().encode() + b"\0")
@@ -539,10 +544,19 @@ def import_harbor(
     sandbox=None,
     have: Callable[[str], bool] | None = None,
     env_builder: Callable[[list[str]], Path] | None = None,
+    backend: str = "bwrap",
+    build_timeout_scale: float = 3.0,
 ) -> Task:
     """Convert one Harbor task directory into out_dir/<task_id>; raises UnsupportedTask (with a
     reason) for what cannot run offline here. Atomic: the task appears complete or not at all; a
-    task already imported from the same source is returned as it is."""
+    task already imported from the same source is returned as it is. `backend` "podman" or
+    "docker" keeps the Dockerfile and builds its image instead (import_container)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: expected one of {BACKENDS}")
+    if backend != "bwrap":
+        return import_container(
+            src, out_dir, engine=backend, build_timeout_scale=build_timeout_scale
+        )
     src, out_dir = Path(src), Path(out_dir)
     for need in ("instruction.md", "task.toml", "tests/test.sh"):
         if not (src / need).is_file():
@@ -676,6 +690,149 @@ def _build_workspace(plan: BuildPlan, env_dir: Path, workspace: Path, python_env
             )
 
 
+# ---------------------------------------------------------------------- the container backend
+
+
+def import_container(
+    src: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    engine: str = "podman",
+    build_timeout_s: float | None = None,
+    build_timeout_scale: float = 3.0,
+) -> Task:
+    """Import one Harbor task for the container backend (container.py): the Dockerfile and its
+    build context are kept (task/environment/), the image is built here once (tagged by a
+    content hash of the context; FROM lines mapped onto local bases), the image's working
+    directory is copied out as the workspace, and tests/ and solution/ are kept as they are:
+    test.sh runs in the episode's container as Harbor runs it. The build may take
+    `build_timeout_scale` times task.toml's build_timeout_sec (this machine is slower than
+    Harbor's), or `build_timeout_s` when given."""
+    from c2.envs.container import (
+        BASE_IMAGES,
+        copy_out_of_image,
+        ensure_image,
+        from_images,
+        image_exists,
+        image_workdir,
+    )
+    from c2.envs.tasks import _SYSTEM_DIRS
+
+    src, out_dir = Path(src), Path(out_dir)
+    for need in ("instruction.md", "task.toml", "tests/test.sh", "environment/Dockerfile"):
+        if not (src / need).is_file():
+            raise UnsupportedTask("missing-file", f"{src}: missing {need}")
+    try:
+        config = tomllib.loads((src / "task.toml").read_text())
+        docker_text = (src / "environment" / "Dockerfile").read_text()
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UnsupportedTask("unreadable", f"task.toml or Dockerfile: {e}") from None
+    task_id = _task_id(src, config)
+    final = out_dir / task_id
+    fingerprint = source_fingerprint(src, engine)
+    record = final / IMPORT_RECORD
+    if record.is_file():
+        try:
+            if json.loads(record.read_text()).get("fingerprint") == fingerprint:
+                task = load_task(final)
+                if image_exists(task.container["image"], engine):
+                    return task
+        except (ValueError, OSError):
+            pass
+    env_dir = src / "environment"
+    for image in from_images(docker_text):
+        local = BASE_IMAGES.get(image, image)
+        if not image_exists(local, engine):
+            hint = (
+                "build it with `python -m c2.envs.container base`"
+                if image in BASE_IMAGES
+                else "no local base maps it (container.BASE_IMAGES) and it is not pulled"
+            )
+            raise UnsupportedTask("base-image", f"FROM {image}: {local} is missing; {hint}")
+    _check_copy_sources(docker_text, env_dir)
+    timeout = build_timeout_s or build_timeout_scale * task_limits(config)["build_timeout_s"]
+    logs = out_dir / "build-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    repo = "localhost/c2-task/" + re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower())
+    tag, built = ensure_image(
+        env_dir, repo=repo, engine=engine, timeout_s=timeout, log=logs / f"{task_id}.log"
+    )
+    if built is not None and built.returncode != 0:
+        from c2.envs.container import _build_error
+
+        why = "timed out" if built.returncode == 124 else f"exit code {built.returncode}"
+        raise UnsupportedTask("image-build-failed", f"{why}: {_build_error(built)}")
+    workdir = image_workdir(tag, engine)
+    if workdir == "/" or workdir.split("/")[1] in _SYSTEM_DIRS:
+        raise UnsupportedTask("workdir", f"the image's working directory is {workdir}")
+    for debris in out_dir.glob(f".{task_id}.*"):  # left by an import that was killed
+        shutil.rmtree(debris, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{task_id}.", dir=out_dir))
+    try:
+        metadata = {
+            "task_id": task_id,
+            "source": "harbor",
+            "origin": str(src),
+            "fail_to_pass": ["tests/test.sh"],
+            "pass_to_pass": [],
+            "difficulty": config.get("metadata", {}).get("difficulty", "unknown"),
+            "category": config.get("metadata", {}).get("category", "unknown"),
+            "seed": 0,
+            "grader": "harbor",
+            "mount_at": workdir,
+            "container": {
+                "engine": engine,
+                "image": tag,
+                "context": "environment",
+                "dockerfile": "Dockerfile",
+                "network": True,
+                "from": from_images(docker_text),
+            },
+            **task_limits(config),
+        }
+        write_task(
+            stage / "task",
+            instruction=(src / "instruction.md").read_text(),
+            metadata=metadata,
+            workspace={},
+            tests=_files(src / "tests"),
+            solution=_files(src / "solution"),
+        )
+        copy_out_of_image(tag, workdir, stage / "task" / "workspace", engine)
+        shutil.copytree(env_dir, stage / "task" / "environment", symlinks=True)
+        (stage / "task" / IMPORT_RECORD).write_text(
+            json.dumps(
+                {"fingerprint": fingerprint, "importer_version": IMPORTER_VERSION, "image": tag}
+            )
+            + "\n"
+        )
+        old = None
+        if final.exists():
+            old = out_dir / f".{task_id}.old-{os.getpid()}"
+            os.rename(final, old)
+        os.rename(stage / "task", final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return load_task(final)
+
+
+def _check_copy_sources(docker_text: str, env_dir: Path) -> None:
+    """Every COPY / ADD source (not from another stage, not a URL) is in the build context."""
+    for n, word, rest in dockerfile_steps(docker_text):
+        if word not in ("COPY", "ADD") or "--from=" in rest:
+            continue
+        args = [a for a in _json_or_words(rest, f"Dockerfile line {n}") if not a.startswith("--")]
+        for s in args[:-1]:
+            if re.match(r"^[a-z]+://", s):
+                continue
+            if not list(env_dir.glob(s.lstrip("/"))) and not (env_dir / s).exists():
+                raise UnsupportedTask(
+                    "copy-source-missing", f"Dockerfile line {n}: {s} is not in environment/"
+                )
+
+
 # ---------------------------------------------------------------------- a batch
 
 
@@ -708,7 +865,8 @@ def import_harbor_tasks(
         before = _existing_fingerprint(src, out_dir)
         try:
             task = import_harbor(src, out_dir, **kwargs)
-            status = "unchanged" if before == source_fingerprint(src) else "imported"
+            backend = kwargs.get("backend", "bwrap")
+            status = "unchanged" if before == source_fingerprint(src, backend) else "imported"
             o = ImportOutcome(str(src), status, task.task_id)
         except UnsupportedTask as e:
             o = ImportOutcome(str(src), "refused", None, e.reason, e.detail)

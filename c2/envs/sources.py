@@ -9,6 +9,12 @@
 
     python -m c2.envs.sources humaneval --out DIR [--limit N]
     python -m c2.envs.sources harbor --out DIR SRC [SRC ...]   # a task, or a folder of tasks
+    python -m c2.envs.sources harbor --backend podman --out DIR SRC ...   # keep the Dockerfiles
+
+`--backend bwrap` (the default) converts each task for the bubblewrap sandbox; `--backend
+podman` (or docker) keeps its Dockerfile, builds its image once and records it in the task's
+metadata ("container"), so episodes and tests run in that image (container.py). Build the
+local base images first where no registry is reachable: `python -m c2.envs.container base`.
 
 The harbor import prints one line per task (imported / unchanged / refused REASON / error), writes
 DIR/import-report.json (every outcome, and counts by reason) and, last, a JSON summary line. A
@@ -76,6 +82,10 @@ def import_humaneval(out_dir: str | Path, limit: int | None = None) -> list[Task
     return tasks
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
 def _num(pid: str) -> int:
     return int(pid.rsplit("/", 1)[1])
 
@@ -89,13 +99,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     hb = sub.add_parser("harbor")
     hb.add_argument("--out", required=True)
     hb.add_argument("src", nargs="+", help="a Harbor task directory, or a folder of them")
+    hb.add_argument("--backend", default="bwrap", choices=("bwrap", "podman", "docker"))
+    hb.add_argument(
+        "--build_timeout_scale",
+        type=float,
+        default=3.0,
+        help="container backend: an image build may take this many times task.toml's "
+        "build_timeout_sec",
+    )
     args = parser.parse_args(argv)
     if args.source == "humaneval":
         tasks = import_humaneval(args.out, args.limit)
         print(json.dumps({"imported": len(tasks), "out": args.out}))
         return 0
-    outcomes = import_harbor_tasks(args.src, args.out)
-    summary = {**report(outcomes), "out": args.out}
+    extra = {}
+    if args.backend != "bwrap":
+        from c2.envs.container import engine_available
+
+        why = engine_available(args.backend)
+        if why is not None:
+            parser.error(f"--backend {args.backend}: {why}")
+        extra = {"backend": args.backend, "build_timeout_scale": args.build_timeout_scale}
+    outcomes = import_harbor_tasks(args.src, args.out, log=_log, **extra)
+    summary = {**report(outcomes), "backend": args.backend, "out": args.out}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "import-report.json").write_text(
         json.dumps({**summary, "outcomes": [dataclasses.asdict(o) for o in outcomes]}, indent=1)

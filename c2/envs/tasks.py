@@ -11,6 +11,10 @@ test functions in tests/test_*.py without pytest (grading_runner.py: same ids an
 ~10x faster); "harbor" runs tests/test.sh and reads /logs/verifier/reward.txt or reward.json
 (Harbor's convention). metadata "prompt_style" picks the system prompt: "full" (default: every
 tool's JSON schema) or "compact" (one line per tool; episode.task_system_prompt).
+
+Backends: a task runs in the bubblewrap Sandbox unless its metadata has "container" (a task
+imported with its Dockerfile: container.py); `Task.sandbox(default)` is the one place that picks,
+and episodes and grading go through it.
 """
 
 from __future__ import annotations
@@ -99,6 +103,30 @@ class Task:
         return ensure_env(reqs)
 
     @property
+    def container(self) -> Mapping | None:
+        """metadata "container" ({"image", "context", "dockerfile", "engine", "network"}), or None
+        for a task that runs in the bubblewrap sandbox."""
+        return self.metadata.get("container")
+
+    def sandbox(self, default, *, engine: str | None = None):
+        """What runs this task's commands and tests: `default` (a Sandbox), or for a container
+        task the shared ContainerSandbox of its image (built from the task's context on first use
+        when missing). `engine` overrides the one in the metadata (podman / docker)."""
+        c = self.container
+        if c is None:
+            return default
+        from c2.envs.container import container_sandbox
+
+        return container_sandbox(
+            c["image"],
+            engine=engine or c.get("engine", "podman"),
+            network=bool(c.get("network", False)),
+            limits=default.limits,
+            context=self.root / c.get("context", "environment"),
+            dockerfile=c.get("dockerfile", "Dockerfile"),
+        )
+
+    @property
     def test_timeout_s(self) -> float:
         return float(self.metadata.get("test_timeout_s", 120))
 
@@ -152,6 +180,16 @@ def validate_metadata(meta: Mapping, where: str) -> None:
         raise ValueError(
             f"{where}: metadata['limits']={limits!r}: expected positive numbers for "
             f"SandboxLimits fields {sorted(fields)}"
+        )
+    container = meta.get("container")
+    if container is not None and (
+        not isinstance(container, Mapping)
+        or not isinstance(container.get("image"), str)
+        or container.get("engine", "podman") not in ("podman", "docker")
+    ):
+        raise ValueError(
+            f"{where}: metadata['container']={container!r}: expected "
+            '{"image": TAG, "engine": "podman"|"docker", "context": DIR, "network": bool}'
         )
     if meta.get("grader", "pytest") not in GRADERS:
         raise ValueError(

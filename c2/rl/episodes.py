@@ -387,11 +387,12 @@ class EpisodeRunner:
         if stale.exists():  # left by a run killed mid-episode: this episode is played again
             shutil.rmtree(stale)
         workspace = task.materialize(stale)
-        self.sandbox.give_workspace(workspace)
+        sandbox = task.sandbox(self.sandbox)  # a container task: its image's (container.py)
+        sandbox.give_workspace(workspace)
         limits = task.limits(SandboxLimits(timeout_s=c.run_timeout_s))  # the task's own resources
         tools = Tools(
             workspace,
-            self.sandbox,
+            sandbox,
             mount_at=task.mount_at,
             run_limits=limits,
             max_run_timeout_s=c.run_timeout_s,

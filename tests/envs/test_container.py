@@ -1,54 +1,249 @@
-"""The container backend on a tiny Dockerfile task: build, run with limits, SandboxResult.
+"""The container backend: a tiny Harbor task with a Dockerfile, imported for podman, its image
+built, then oracle / noop / wrong-solution episodes graded end to end in containers; and the
+sandbox contract (timeout, memory, output, network) of ContainerSandbox.
 
-Needs podman (with runc) and a local base image (`python -m c2.envs.container base`); skipped
-where either is missing (CI installs no container engine).
+The engine tests need podman (with runc) and the local base image BASE (`python -m
+c2.envs.container base localhost/c2-base:bookworm`); they are skipped, saying which is missing,
+where either is.
 """
 
-import shutil
+import dataclasses
+import json
 import subprocess
+import time
 
 import pytest
 
-from c2.envs.container import ContainerSandbox, build_image, map_from_lines
-from c2.envs.sandbox import SandboxLimits
+from c2.envs.agents import noop_policy, oracle_policy
+from c2.envs.container import (
+    BASE_IMAGES,
+    ContainerSandbox,
+    context_hash,
+    engine_available,
+    from_images,
+    image_exists,
+    map_from_lines,
+)
+from c2.envs.evaluate import evaluate
+from c2.envs.harbor_bench import with_backend
+from c2.envs.harbor_import import import_harbor_tasks
+from c2.envs.sandbox import Sandbox, SandboxLimits
+from c2.envs.tasks import load_task, validate_metadata
 
-BASE = "localhost/c2-base:bookworm"
+FULL_BASE = BASE_IMAGES["debian:bookworm-slim"]
+MIN_BASE = "localhost/c2-base:bookworm-min"  # what .ci/run builds (no uv, no Python 3.13)
 
 
 def test_from_lines_map_onto_local_bases():
     text = "FROM python:3.13-slim-bookworm\nRUN x\nFROM --platform=linux/amd64 ubuntu:24.04 AS b\n"
-    out = map_from_lines(text, {"python:3.13-slim-bookworm": BASE, "ubuntu:24.04": "u"})
-    assert out.splitlines() == [f"FROM {BASE}", "RUN x", "FROM --platform=linux/amd64 u AS b"]
+    out = map_from_lines(text, {"python:3.13-slim-bookworm": MIN_BASE, "ubuntu:24.04": "u"})
+    assert out.splitlines() == [f"FROM {MIN_BASE}", "RUN x", "FROM --platform=linux/amd64 u AS b"]
 
 
-def _have_engine():
-    if shutil.which("podman") is None:
-        return False
-    r = subprocess.run(["podman", "image", "exists", BASE], capture_output=True)
-    return r.returncode == 0
+def test_from_images_skips_stage_names():
+    text = "FROM ubuntu:24.04 AS build\nRUN x\nFROM build\nFROM debian:13.0-slim\n"
+    assert from_images(text) == ["ubuntu:24.04", "debian:13.0-slim"]
 
 
-@pytest.mark.skipif(not _have_engine(), reason=f"podman or the base image {BASE} is missing")
-def test_tiny_dockerfile_task_builds_and_runs(tmp_path):
-    ctx = tmp_path / "env"
-    ctx.mkdir()
-    (ctx / "hello.txt").write_text("hello\n")
-    (ctx / "Dockerfile").write_text(
-        "FROM python:3.13-slim-bookworm\nWORKDIR /app\nCOPY hello.txt /opt/hello.txt\n"
-        "RUN python3 -c \"print('built')\" > /opt/built.txt\n"
-    )
-    r = build_image(ctx, "localhost/c2-test-tiny", timeout_s=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+def test_context_hash_follows_the_build_context(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM debian:bookworm-slim\nCOPY a /a\n")
+    (tmp_path / "a").write_text("1")
+    h1 = context_hash(tmp_path)
+    assert context_hash(tmp_path) == h1
+    (tmp_path / "a").write_text("2")
+    assert context_hash(tmp_path) != h1
+
+
+def test_container_metadata_is_checked():
+    meta = {
+        "task_id": "t",
+        "fail_to_pass": ["tests/test.sh"],
+        "pass_to_pass": [],
+        "difficulty": "x",
+        "seed": 0,
+        "source": "harbor",
+        "grader": "harbor",
+    }
+    validate_metadata({**meta, "container": {"image": "localhost/x:1"}}, "m")
+    for bad in ({"engine": "podman"}, {"image": "x", "engine": "lxc"}, "x"):
+        with pytest.raises(ValueError, match="container"):
+            validate_metadata({**meta, "container": bad}, "m")
+
+
+def _base() -> tuple[str | None, str | None]:
+    """(the local base the tests build on, why the engine tests are skipped)."""
+    why = engine_available("podman")
+    if why is not None:
+        return None, why
+    for base in (FULL_BASE, MIN_BASE):
+        if image_exists(base):
+            return base, None
+    return None, f"no base image (python -m c2.envs.container base {MIN_BASE})"
+
+
+BASE, WHY = _base()
+needs_engine = pytest.mark.skipif(WHY is not None, reason=f"container backend: {WHY}")
+
+
+@pytest.fixture
+def local_base(monkeypatch):
+    """debian:bookworm-slim mapped onto whichever local base exists."""
+    monkeypatch.setitem(BASE_IMAGES, "debian:bookworm-slim", BASE)
+
+
+DOCKERFILE = """FROM debian:bookworm-slim
+WORKDIR /app
+COPY data.txt /app/data.txt
+RUN echo built > /app/built.txt && mkdir -p /opt/tool && echo tool > /opt/tool/version
+"""
+# The reward needs the answer in the workspace AND a file the solution wrote outside it
+# (/opt/marker): the tests run in the container the agent's commands ran in.
+TEST_SH = """#!/bin/bash
+if [ "$(cat /app/answer.txt)" = "42" ] && [ -f /opt/marker ] && [ -f /opt/tool/version ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+SOLVE_SH = """#!/bin/bash
+set -e
+echo $(( $(cat data.txt) + 1 )) > answer.txt
+touch /opt/marker
+"""
+TASK_TOML = """version = "1.0"
+[metadata]
+difficulty = "easy"
+category = "test"
+[verifier]
+timeout_sec = 60.0
+[agent]
+timeout_sec = 60.0
+[environment]
+build_timeout_sec = 300.0
+cpus = 1
+memory = "512M"
+storage = "1G"
+"""
+
+
+def _harbor_task(root, solve=SOLVE_SH):
+    (root / "environment").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "solution").mkdir()
+    (root / "instruction.md").write_text("Write data.txt's number plus one to answer.txt.\n")
+    (root / "task.toml").write_text(TASK_TOML)
+    (root / "environment" / "Dockerfile").write_text(DOCKERFILE)
+    (root / "environment" / "data.txt").write_text("41\n")
+    (root / "tests" / "test.sh").write_text(TEST_SH)
+    (root / "solution" / "solve.sh").write_text(solve)
+    return root
+
+
+@needs_engine
+def test_dockerfile_task_imports_and_grades_in_its_container(tmp_path, local_base):
+    src = _harbor_task(tmp_path / "src" / "tiny")
+    out = tmp_path / "tasks"
+    (o,) = import_harbor_tasks([src], out, backend="podman", log=lambda _: None)
+    assert (o.status, o.reason) == ("imported", None), o.detail
+    task = load_task(out / o.task_id)
+    c = task.container
+    assert c["engine"] == "podman" and image_exists(c["image"]) and c["network"] is True
+    assert c["from"] == ["debian:bookworm-slim"]
+    assert task.mount_at == "/app" and task.grader == "harbor"
+    assert task.metadata["limits"]["memory_mb"] == 512 and task.test_timeout_s == 60
+    # The workspace is the image's working directory, after its RUN steps.
+    assert (task.workspace_dir / "data.txt").read_text() == "41\n"
+    assert (task.workspace_dir / "built.txt").read_text() == "built\n"
+    assert (task.root / "environment" / "Dockerfile").read_text() == DOCKERFILE
+    # Importing again finds the same source and the same image: nothing is rebuilt.
+    (again,) = import_harbor_tasks([src], out, backend="podman", log=lambda _: None)
+    assert again.status == "unchanged" and load_task(out / o.task_id).container == c
+
+    sandbox = Sandbox()
+    assert task.sandbox(sandbox) is not sandbox
+    t0 = time.monotonic()
+    (oracle,) = evaluate([task], oracle_policy, sandbox=sandbox, workers=1)
+    assert oracle.passed, oracle.failure_reason
+    assert oracle.correctness["fail_to_pass"] == {"tests/test.sh": True}
+    assert time.monotonic() - t0 < 120
+    (noop,) = evaluate([task], noop_policy, sandbox=sandbox, workers=1)
+    assert not noop.passed and "fail_to_pass still failing" in noop.failure_reason
+
+    # A wrong solution fails; one that skips the file outside the workspace fails too.
+    for i, solve in enumerate(
+        [SOLVE_SH.replace("+ 1", "+ 2"), SOLVE_SH.replace("touch /opt/marker", "true")]
+    ):
+        bad = import_harbor_tasks(
+            [_harbor_task(tmp_path / f"src{i}" / "tiny", solve)],
+            tmp_path / f"bad{i}",
+            backend="podman",
+            log=lambda _: None,
+        )[0]
+        (rec,) = evaluate([load_task(tmp_path / f"bad{i}" / bad.task_id)], oracle_policy, workers=1)
+        assert not rec.passed and "tests/test.sh" in rec.failure_reason
+
+    # Every episode's container is gone once its workspace is.
+    task.sandbox(sandbox).collect_garbage()
+    ps = subprocess.run(
+        ["podman", "ps", "-a", "--filter", "label=c2.session", "--format", "{{.Image}}"],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert c["image"] not in ps
+
+
+@needs_engine
+def test_container_sandbox_limits_and_result_fields(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    sb = ContainerSandbox("localhost/c2-test-tiny", limits=SandboxLimits(timeout_s=60))
-    res = sb.run("cat /opt/hello.txt /opt/built.txt > out.txt; echo done", ws, mount_at="/app")
-    assert (res.exit_code, res.stdout.strip(), res.limit) == (0, "done", None), res.stderr
-    assert (ws / "out.txt").read_text() == "hello\nbuilt\n"
-    res = sb.run("sleep 30", ws, mount_at="/app", limits=SandboxLimits(timeout_s=2))
-    assert res.timed_out and res.limit == "wall_time"
-    res = sb.run(["python3", "-c", "import urllib.request as u; u.urlopen('http://1.1.1.1')"], ws)
-    assert res.exit_code != 0  # no network
-    hog = "x = bytearray(400 << 20); print(len(x))"
-    res = sb.run(["python3", "-c", hog], ws, limits=SandboxLimits(timeout_s=60, memory_mb=128))
-    assert res.exit_code != 0 and res.limit == "memory", res
+    sb = ContainerSandbox(BASE, limits=SandboxLimits(timeout_s=60, memory_mb=256))
+    try:
+        r = sb.run("echo hi > f.txt; echo out; echo err >&2; exit 3", ws, mount_at="/app")
+        assert (r.exit_code, r.stdout, r.stderr, r.limit) == (3, "out\n", "err\n", None)
+        assert (ws / "f.txt").read_text() == "hi\n" and r.isolation == "podman containers"
+        assert json.loads(r.to_json())["limits_hit"] == []
+        # The same container: state outside the workspace survives between commands.
+        assert sb.run("echo x > /root/state", ws, mount_at="/app").exit_code == 0
+        assert sb.run("cat /root/state", ws, mount_at="/app").stdout == "x\n"
+        # The wall-time limit stops the command and whatever it started in the background.
+        t0 = time.monotonic()
+        r = sb.run("sleep 300 & sleep 300", ws, mount_at="/app", limits=SandboxLimits(timeout_s=2))
+        assert r.timed_out and r.limit == "wall_time" and r.exit_code is None
+        assert time.monotonic() - t0 < 20
+        ps = "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done"
+        assert sb.run(f"{ps} | grep -c 'sleep [3]00'", ws, mount_at="/app").stdout == "0\n"
+        # Without a timeout, what a command leaves in the background keeps running (a server
+        # the solution starts for the tests, as in Harbor).
+        assert sb.run("sleep 200 > /dev/null 2>&1 &", ws, mount_at="/app").exit_code == 0
+        assert sb.run(f"{ps} | grep -c 'sleep [2]00'", ws, mount_at="/app").stdout == "1\n"
+        # Memory: the container's cgroup; a process past it is killed and the limit named.
+        hog = "head -c 600M /dev/zero | tail > /dev/null"
+        r = sb.run(hog, ws, mount_at="/app")
+        assert r.exit_code != 0 and r.limit == "memory", r
+        # Output beyond max_output_bytes is cut and named.
+        lim = SandboxLimits(timeout_s=30, max_output_bytes=1000)
+        r = sb.run("head -c 5000 /dev/zero | tr '\\0' a", ws, mount_at="/app", limits=lim)
+        assert r.limit == "output" and r.stdout_truncated and len(r.stdout) <= 1000
+        # No network unless the task asks for it.
+        r = sb.run("exec 3<>/dev/tcp/1.1.1.1/80", ws, mount_at="/app")
+        assert r.exit_code != 0
+        # A read-only run gets a fresh container with the workspace read-only.
+        r = sb.run("cat /root/state; touch g.txt", ws, mount_at="/app", readonly=True)
+        assert r.exit_code != 0 and not (ws / "g.txt").exists()
+    finally:
+        sb.close()
+
+
+def test_bench_backend_choice_names_the_mismatch(tmp_path):
+    from c2.envs.tasks import Task
+
+    meta = {"task_id": "harbor-x", "container": {"image": "i", "engine": "podman"}}
+    t = Task(tmp_path, "", meta)
+    assert with_backend(t, "auto") is t
+    assert with_backend(t, "docker").container["engine"] == "docker"
+    with pytest.raises(ValueError, match="imported for containers"):
+        with_backend(t, "bwrap")
+    plain = dataclasses.replace(t, metadata={"task_id": "harbor-y"})
+    with pytest.raises(ValueError, match="--backend podman"):
+        with_backend(plain, "podman")
+    assert plain.sandbox("default-sandbox") == "default-sandbox"
