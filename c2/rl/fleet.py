@@ -62,7 +62,13 @@ log = logging.getLogger(__name__)
 WAIT_S = 0.5  # how long an exchange waits for a finished sample before returning empty-handed
 # Environment variables a local cluster's workers take from the driver (same compiled-program
 # cache keys, the same task-environment cache).
-PASS_ENV = ("XLA_FLAGS", "JAX_PLATFORMS", "JAX_COMPILATION_CACHE_DIR", "C2_ENV_CACHE")
+PASS_ENV = (
+    "XLA_FLAGS",
+    "JAX_PLATFORMS",
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "C2_ENV_CACHE",
+)
 
 
 class WorkerLost(RuntimeError):
@@ -393,7 +399,7 @@ class RayRollouts(orchestrator.Collector):
             while not self._stop.is_set():
                 with self._cond:
                     sends = self._assign(h)
-                    hungry = self._has_work()
+                    hungry = self._could_assign(h)
                     if (
                         not sends
                         and not h.inflight
@@ -440,8 +446,15 @@ class RayRollouts(orchestrator.Collector):
         h.want -= len(out)
         return out
 
-    def _has_work(self) -> bool:
-        return bool(self._retry) or bool(self._left and self._prompts)
+    def _could_assign(self, h: _Handle) -> bool:
+        """Whether `h` would get work if it had room (else its exchange waits for samples or a
+        new version, instead of returning at once to ask again)."""
+        if h.version < 0:
+            return True  # the first reply tells its version
+        groups = self.scheduler.groups
+        retry = any(groups[r.prompt_id].admitted_at <= h.version for r in self._retry)
+        fresh = self._left and self._prompts and self.scheduler.quota(h.version) >= 1
+        return retry or bool(fresh)
 
     def _all_admitted(self) -> bool:
         return not self._retry and not (self._left and self._prompts)
