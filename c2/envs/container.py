@@ -87,7 +87,10 @@ class BaseRecipe:
     components: str = "main"
     keyring: str | None = None
     parent: str | None = None
-    python: bool = False  # the python:* images' layout (python, pip in /usr/local/bin)
+    # The python:* images' layout (python, pip in /usr/local/bin): "debian" (the release's
+    # python3 with pip and venv) or "cpython" (the CPython 3.13 of the parent's test tools,
+    # copied into /usr/local with ensurepip's pip: what the official images hold).
+    python: str | None = None
     test_tools: bool = True  # uv and Python 3.13 for Harbor's test setup (module doc)
 
     def sources(self) -> list[str]:
@@ -111,16 +114,22 @@ BASES = {
         keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
     ),
     "localhost/c2-python:3.11-bookworm": BaseRecipe(
-        parent="localhost/c2-base:bookworm", python=True
+        parent="localhost/c2-base:bookworm", python="debian"
     ),
-    "localhost/c2-python:3.13-trixie": BaseRecipe(parent="localhost/c2-base:trixie", python=True),
+    "localhost/c2-python:3.13-bookworm": BaseRecipe(
+        parent="localhost/c2-base:bookworm", python="cpython"
+    ),
+    "localhost/c2-python:3.13-trixie": BaseRecipe(
+        parent="localhost/c2-base:trixie", python="debian"
+    ),
     # Without uv and Python 3.13 (a minute or two to build: what CI builds for the tests).
     "localhost/c2-base:bookworm-min": BaseRecipe("bookworm", test_tools=False),
 }
-# The tasks' FROM lines, on local bases. Where the release differs, the nearest one with that
-# Python (python:3.13-slim-bookworm: Debian 13 has Python 3.13, Debian 12 has 3.11).
+# The tasks' FROM lines, on local bases (python:3.10 on 3.11: Debian 12 has no 3.10).
 BASE_IMAGES = {
-    "python:3.13-slim-bookworm": "localhost/c2-python:3.13-trixie",
+    "python:3.13-slim-bookworm": "localhost/c2-python:3.13-bookworm",
+    "python:3.13-bookworm": "localhost/c2-python:3.13-bookworm",
+    "python:3.13-slim-trixie": "localhost/c2-python:3.13-trixie",
     "python:3.13-slim": "localhost/c2-python:3.13-trixie",
     "python:3.13": "localhost/c2-python:3.13-trixie",
     "python:3.11-slim": "localhost/c2-python:3.11-bookworm",
@@ -745,7 +754,16 @@ def _base_layer(recipe: BaseRecipe, parent: str) -> str:
             "COPY cpython/ /tmp/cpython/",
             "RUN sh /tmp/cpython/build.sh && rm -rf /tmp/cpython",
         ]
-    if recipe.python:
+    if recipe.python == "cpython":
+        uv_python = "/root/.local/share/uv/python/cpython-3.13*-linux-x86_64-gnu"
+        lines += [
+            f"RUN cp -a {uv_python}/. /usr/local/ && rm -rf /usr/local/lib/python3.13/test && "
+            "/usr/local/bin/python3.13 -m ensurepip --default-pip >/dev/null && "
+            "ln -sf python3.13 /usr/local/bin/python3 && ln -sf python3 /usr/local/bin/python && "
+            "ln -sf pip3.13 /usr/local/bin/pip3 && ln -sf pip3 /usr/local/bin/pip && "
+            "python --version && pip --version",
+        ]
+    elif recipe.python == "debian":
         lines += [
             "RUN apt-get update && apt-get install -y --no-install-recommends python3 "
             "python3-pip python3-venv python3-dev && rm -rf /var/lib/apt/lists/* && "

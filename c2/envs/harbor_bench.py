@@ -12,7 +12,8 @@ sandbox. `--backend podman|docker` insists on containers (and picks the engine),
 sandbox; a task imported for the other backend is an error, named before anything runs.
 
 Prints one line per task as it finishes (appended to --out at once, so `--resume` skips what a
-killed run already did), then a JSON summary with the pass count and the failure reasons.
+killed run already did, unless the task's image changed since), then a JSON summary with the
+pass count.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def run_one(task: Task, agent: str, sandbox: Sandbox) -> dict:
             with contextlib.suppress(Exception):  # the engine's error was reported above
                 task.sandbox(sandbox).collect_garbage()
     out["backend"] = (task.container or {}).get("engine", "bwrap")
+    out["image"] = (task.container or {}).get("image")
     out["seconds"] = round(time.monotonic() - t0, 1)
     return out
 
@@ -104,8 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(str(e))
     done: list[dict] = []
     if args.out and Path(args.out).exists():
-        if args.resume:
+        if args.resume:  # a task re-imported since (another image) runs again
+            want = {t.task_id: (t.container or {}).get("image") for t in tasks}
             done = [json.loads(x) for x in Path(args.out).read_text().splitlines() if x.strip()]
+            done = [
+                r for r in done if r["task_id"] in want and r.get("image") == want[r["task_id"]]
+            ]
             ids = {r["task_id"] for r in done}
             tasks = [t for t in tasks if t.task_id not in ids]
         else:

@@ -710,6 +710,7 @@ def import_container(
     Harbor's), or `build_timeout_s` when given."""
     from c2.envs.container import (
         BASE_IMAGES,
+        context_hash,
         copy_out_of_image,
         ensure_image,
         from_images,
@@ -730,16 +731,19 @@ def import_container(
     task_id = _task_id(src, config)
     final = out_dir / task_id
     fingerprint = source_fingerprint(src, engine)
+    env_dir = src / "environment"
+    repo = "localhost/c2-task/" + re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower())
+    # The tag follows the context, the FROM mapping and the base images: any change, a new image.
+    want = f"{repo}:{context_hash(env_dir, engine=engine)}"
     record = final / IMPORT_RECORD
     if record.is_file():
         try:
             if json.loads(record.read_text()).get("fingerprint") == fingerprint:
                 task = load_task(final)
-                if image_exists(task.container["image"], engine):
+                if task.container["image"] == want and image_exists(want, engine):
                     return task
         except (ValueError, OSError):
             pass
-    env_dir = src / "environment"
     for image in from_images(docker_text):
         local = BASE_IMAGES.get(image, image)
         if not image_exists(local, engine):
@@ -753,7 +757,6 @@ def import_container(
     timeout = build_timeout_s or build_timeout_scale * task_limits(config)["build_timeout_s"]
     logs = out_dir / "build-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    repo = "localhost/c2-task/" + re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower())
     tag, built = ensure_image(
         env_dir, repo=repo, engine=engine, timeout_s=timeout, log=logs / f"{task_id}.log"
     )
@@ -862,11 +865,11 @@ def import_harbor_tasks(
     outcomes = []
     for src in harbor_task_dirs(srcs):
         t0 = time.monotonic()
-        before = _existing_fingerprint(src, out_dir)
+        before = _existing_record(src, out_dir)
         try:
             task = import_harbor(src, out_dir, **kwargs)
-            backend = kwargs.get("backend", "bwrap")
-            status = "unchanged" if before == source_fingerprint(src, backend) else "imported"
+            after = json.loads((task.root / IMPORT_RECORD).read_text())
+            status = "unchanged" if before == after else "imported"
             o = ImportOutcome(str(src), status, task.task_id)
         except UnsupportedTask as e:
             o = ImportOutcome(str(src), "refused", None, e.reason, e.detail)
@@ -895,11 +898,12 @@ def _stale_task(src: Path, out_dir: Path) -> Path | None:
     return p if (p / IMPORT_RECORD).is_file() else None
 
 
-def _existing_fingerprint(src: Path, out_dir: Path) -> str | None:
+def _existing_record(src: Path, out_dir: Path) -> dict | None:
+    """The import record (fingerprint; the image, for containers) of src's task, if any."""
     p = _stale_task(src, out_dir)
     try:
-        return json.loads((p / IMPORT_RECORD).read_text())["fingerprint"] if p else None
-    except (OSError, ValueError, KeyError):
+        return json.loads((p / IMPORT_RECORD).read_text()) if p else None
+    except (OSError, ValueError):
         return None
 
 
