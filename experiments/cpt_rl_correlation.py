@@ -56,10 +56,15 @@ def main(argv=None):
     scales = [int(s) for s in args.scales.split(",") if s]
     if len(scales) < 3:
         parser.error(f"--scales={args.scales}: a fit needs at least 3 points")
+    import jax
+
     from c2 import main as c2_main
     from c2.eval import correlation
 
     out = Path(args.out)
+    if not jax.config.jax_compilation_cache_dir:  # the points compile the same programs
+        jax.config.update("jax_compilation_cache_dir", str(out / "jax_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     points = []
     for steps in scales:
         run_dir = out / f"steps_{steps}"

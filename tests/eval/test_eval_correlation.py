@@ -63,3 +63,30 @@ def test_points_differ_only_in_cpt_steps():
     doc = CONFIG.read_text().split('"""')[1]
     assert "--config=experiments/cpt_rl_correlation.py" in doc
     assert "Runtime:" in doc and "Expected:" in doc
+
+
+@pytest.mark.slow
+def test_the_driver_end_to_end_on_quick_points(tmp_path):
+    """Three pipelines (CPT at 4, 8 and 12 steps, the same later stages), read and fitted: the
+    driver as a user runs it, on one device like `make run`."""
+    import os
+    import subprocess
+    import sys
+
+    root = CONFIG.parents[1]
+    env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=str(root))
+    cmd = [sys.executable, str(CONFIG), "--out", str(tmp_path), "--scales", "4,8,12", "--quick"]
+    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "correlation.json").read_text())
+    points = result["points"]
+    assert [p["cpt_steps"] for p in points] == [4, 8, 12]
+    bpb = [p["heldout_ce_bpb"] for p in points]
+    assert bpb[0] > bpb[1] > bpb[2] > 0  # more CPT compute, lower held-out CE
+    flops = [p["cpt_flops"] for p in points]
+    assert flops[1] == pytest.approx(2 * flops[0]) and flops[2] == pytest.approx(3 * flops[0])
+    for p in points:
+        assert 0.0 <= p["rl_pass@1"] <= 1.0
+        lo, hi = p["rl_pass@1_ci95"]
+        assert lo <= p["rl_pass@1"] <= hi
+    assert result["fit"]["n"] == 3 and (tmp_path / "correlation.png").is_file()
