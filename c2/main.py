@@ -20,7 +20,18 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _DISTRIBUTED = flags.DEFINE_bool(
     "distributed",
     False,
-    "Multi-host run: call jax.distributed.initialize() first (settings from the cluster).",
+    "Several hosts: start jax.distributed first (one process per host, all with the same "
+    "flags but --process_id). Settings from the three flags below, else JAX_COORDINATOR_ADDRESS, "
+    "JAX_NUM_PROCESSES, JAX_PROCESS_ID, else the cluster (Slurm, Open MPI, TPU).",
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "HOST:PORT of process 0's coordinator (implies --distributed)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", None, "Processes in the run, one per host (implies --distributed)."
+)
+_PROCESS_ID = flags.DEFINE_integer(
+    "process_id", None, "This process's index in [0, num_processes) (implies --distributed)."
 )
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -45,8 +56,18 @@ def main(argv):
     std_logging.getLogger("c2").setLevel(std_logging.INFO)  # c2 reports its progress
     import jax
 
-    if _DISTRIBUTED.value:
-        jax.distributed.initialize()
+    explicit = dict(
+        coordinator_address=_COORDINATOR.value,
+        num_processes=_NUM_PROCESSES.value,
+        process_id=_PROCESS_ID.value,
+    )
+    if _DISTRIBUTED.value or any(v is not None for v in explicit.values()):
+        from c2 import distributed
+
+        try:
+            distributed.initialize(**explicit)
+        except ValueError as e:
+            sys.exit(f"flag error: {e}")
     if not jax.config.jax_compilation_cache_dir:  # unless JAX_COMPILATION_CACHE_DIR says where
         # a restarted or resumed run (and every later stage) reuses compiled programs
         jax.config.update("jax_compilation_cache_dir", f"{_WORKDIR.value}/jax_cache")

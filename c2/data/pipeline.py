@@ -17,11 +17,14 @@ from its prompt; examples longer than T are truncated).
 
 `iter(dataset)` gives a grain iterator with `get_state() -> dict` (JSON-serialisable) and
 `set_state(dict)`; it also saves/restores through orbax with `grain.checkpoint.CheckpointSave` /
-`CheckpointRestore`. Sharding is per host over documents (`documents[index::count]`), so each host
-yields its own [batch_size // count, T] slice of the global batch. Hosts' shards pack to different
-numbers of rows, so multi-host training should run forever (num_epochs=None) and stop by step;
-the eval helpers instead pack everything on every host and give each host its block of every
-global batch (equal counts).
+`CheckpointRestore`. Each host yields its own [batch_size // count, T] slice of the global batch,
+split one of two ways (`host_split`): "documents" shards the documents (`documents[index::count]`),
+each host packing only its own (the least work per host; the batches depend on the host count,
+and hosts' shards pack to different numbers of rows, so such training should run forever,
+num_epochs=None, and stop by step); "rows" has every host pack the whole stream and keep block
+`index` of each global batch, so the global batches are the single-host run's whatever the host
+count (training's choice, c2/train/lm.py). The eval helpers always pack everything on every host
+and give each host its block of every global batch (equal counts).
 """
 
 from __future__ import annotations
@@ -297,8 +300,30 @@ def pack_sft_examples(
     return rows.map(functools.partial(_finish_row, pad_id=tokenizer.pad_id))
 
 
-def _batched(rows: grain.IterDataset, local_batch: int, *, prefetch: int) -> CheckpointableDataset:
+HOST_SPLITS = ("documents", "rows")
+
+
+def _split_plan(host_split: str, shard_index: int, shard_count: int, batch_size: int):
+    """(source shard index, source shard count, rows batched, block kept) for `host_split`."""
+    local = _local_batch_size(batch_size, shard_count)
+    if host_split == "documents":
+        return shard_index, shard_count, local, None
+    if host_split == "rows":
+        block = None if shard_count == 1 else slice(shard_index * local, (shard_index + 1) * local)
+        return 0, 1, batch_size, block
+    raise ValueError(f"host_split={host_split!r}: expected one of {HOST_SPLITS}")
+
+
+def _take_rows(batch: dict[str, np.ndarray], block: slice) -> dict[str, np.ndarray]:
+    return {k: v[block] for k, v in batch.items()}
+
+
+def _batched(
+    rows: grain.IterDataset, local_batch: int, *, prefetch: int, block: slice | None = None
+) -> CheckpointableDataset:
     ds = rows.batch(local_batch, drop_remainder=True)
+    if block is not None:  # host_split="rows": this host's block of the global batch
+        ds = ds.map(functools.partial(_take_rows, block=block))
     if prefetch > 0:  # overlaps packing with the train step (which releases the GIL)
         ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch)
     return CheckpointableDataset(ds)
@@ -319,8 +344,10 @@ def make_pretrain_dataset(
     shard_count: int | None = None,
     prefetch: int = 2,
     read_threads: int = 2,
+    host_split: str = "documents",
 ) -> CheckpointableDataset:
     """Packed pretraining batches [batch_size // hosts, seq_len]; forever when num_epochs=None.
+    `host_split`: how hosts divide the work (see the module doc).
 
     Shuffling is two-level: documents are permuted afresh each epoch, then packed rows are
     shuffled within windows of `shuffle_window` rows (the rows of one long file are consecutive);
@@ -328,7 +355,9 @@ def make_pretrain_dataset(
     """
     tokenizer = load_tokenizer(tokenizer)
     shard_index, shard_count = shard_info(shard_index, shard_count)
-    local_batch = _local_batch_size(batch_size, shard_count)
+    source_index, source_count, batched, block = _split_plan(
+        host_split, shard_index, shard_count, batch_size
+    )
     documents = corpus_lib.load_corpus(corpus).documents(split)
     rows = pack_documents(
         documents,
@@ -337,8 +366,8 @@ def make_pretrain_dataset(
         seed=seed,
         shuffle=shuffle,
         num_epochs=num_epochs,
-        shard_index=shard_index,
-        shard_count=shard_count,
+        shard_index=source_index,
+        shard_count=source_count,
         read_threads=read_threads,
     )
     if shuffle_window is None:
@@ -347,7 +376,7 @@ def make_pretrain_dataset(
         rows = grain.experimental.WindowShuffleIterDataset(
             rows, window_size=shuffle_window, seed=_sub_seed(seed, 2)
         )
-    return _batched(rows, local_batch, prefetch=prefetch)
+    return _batched(rows, batched, prefetch=prefetch, block=block)
 
 
 def make_sft_dataset(
@@ -364,8 +393,10 @@ def make_sft_dataset(
     shard_index: int | None = None,
     shard_count: int | None = None,
     prefetch: int = 2,
+    host_split: str = "documents",
 ) -> CheckpointableDataset:
-    """SFT batches (same keys as pretraining, loss on response tokens only).
+    """SFT batches (same keys as pretraining, loss on response tokens only); `host_split` as in
+    `make_pretrain_dataset`.
 
     `examples`: "stdlib" (function-implementation tasks from the stdlib `split`), "functions"
     (oracle agent conversations, c2/envs/functions.py), a .jsonl of {"prompt", "response",
@@ -373,7 +404,9 @@ def make_sft_dataset(
     """
     tokenizer = load_tokenizer(tokenizer)
     shard_index, shard_count = shard_info(shard_index, shard_count)
-    local_batch = _local_batch_size(batch_size, shard_count)
+    source_index, source_count, batched, block = _split_plan(
+        host_split, shard_index, shard_count, batch_size
+    )
     rows = pack_sft_examples(
         sft_lib.load_sft_examples(examples, split),
         tokenizer,
@@ -381,11 +414,11 @@ def make_sft_dataset(
         seed=seed,
         shuffle=shuffle,
         num_epochs=num_epochs,
-        shard_index=shard_index,
-        shard_count=shard_count,
-        num_packing_bins=num_packing_bins or max(16, 2 * local_batch),
+        shard_index=source_index,
+        shard_count=source_count,
+        num_packing_bins=num_packing_bins or max(16, 2 * batched),
     )
-    return _batched(rows, local_batch, prefetch=prefetch)
+    return _batched(rows, batched, prefetch=prefetch, block=block)
 
 
 def _fixed_batches(

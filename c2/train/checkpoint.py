@@ -1,5 +1,9 @@
 """orbax checkpoints of a training run, with a checksum so a damaged latest one is detected.
 
+With several processes (hosts), every one calls `save` and `restore_latest` (orbax writes and
+reads collectively, each host its own shards, into one directory every host sees); `meta` is
+written by process 0, `data` once per process.
+
 One checkpoint per saved step holds three items: `params` and `opt_state` (sharded arrays,
 written asynchronously and atomically by orbax) and `meta` (JSON: step, RNG key data, the data
 iterator's state, compute counters, and a checksum of every array). Restoring tries the newest
@@ -187,9 +191,14 @@ class Checkpointer:
         """Moves a damaged step out of orbax's way, keeping it for inspection."""
         src = self.directory / str(step)
         dst = self.directory.parent / "corrupt_checkpoints" / f"{step}-{int(time.time())}"
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.exists():
-            shutil.move(str(src), str(dst))
+        if jax.process_index() == 0:  # several hosts share the directory: the first one moves
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.exists():
+                shutil.move(str(src), str(dst))
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"c2 checkpoint {step} set aside")
         self._mngr.close()
         self._open()
 

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from c2 import distributed, sharding
 from c2 import model as model_lib
-from c2 import sharding
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
 from c2.train.bpb import forward_on_batch, heldout_bpb
@@ -166,27 +166,44 @@ def measured_peak_flops(dtype: str) -> float:
     return float(matmul_peak_flops(dtype))
 
 
-def _train_dataset(config):
+def _train_dataset(config, shard: tuple[int, int] = (0, 1)):
+    """The training batches; with several hosts, this host's block `shard` = (index, count) of
+    every global batch, the whole stream packed on every host (host_split="rows"), so the global
+    batches, and the losses, are those of a single-host run."""
     d = config.data
+    kw = dict(split="train", shard_index=shard[0], shard_count=shard[1], host_split="rows")
     if d.kind == "sft":
         return data_pipeline.make_sft_dataset(
-            d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, split="train"
+            d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, **kw
         )
     return data_pipeline.make_pretrain_dataset(
-        d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, split="train"
+        d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, **kw
     )
 
 
-def eval_batches(config, seq_len: int | None = None, kind: str | None = None):
-    """The stage's fixed held-out batches (pretraining text, or SFT responses)."""
+def eval_batches(
+    config,
+    seq_len: int | None = None,
+    kind: str | None = None,
+    shard: tuple[int, int] | None = None,
+):
+    """The stage's fixed held-out batches (pretraining text, or SFT responses); `shard` =
+    (index, count): this host's block of each (default: by process index)."""
     d = config.data
     make = (
         data_pipeline.make_sft_eval_batches
         if (kind or d.kind) == "sft"
         else data_pipeline.make_eval_batches
     )
+    index, count = shard or (None, None)
     return make(
-        d.corpus, d.tokenizer, seq_len or d.seq_len, d.batch_size, max_batches=d.eval_batches
+        d.corpus,
+        d.tokenizer,
+        seq_len or d.seq_len,
+        d.batch_size,
+        max_batches=d.eval_batches,
+        shard_index=index,
+        shard_count=count,
     )
 
 
@@ -252,11 +269,14 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
         post_update = lambda params, aux: model_lib.update_router_bias(  # noqa: E731
             params, aux, cfg, tc.router_bias_rate
         )
+    batch_sharding = sharding.batch_sharding(mesh)
+    # The rows of every global batch this process's devices hold (all of them on one host).
+    shard = distributed.process_rows(batch_sharding, (config.data.batch_size, config.data.seq_len))
     heldout = []
 
     def evaluate(params):
         if not heldout:
-            heldout.extend(eval_batches(config))
+            heldout.extend(eval_batches(config, shard=shard))
         return heldout_bpb(params, cfg, heldout, mesh)
 
     def import_params(path):
@@ -268,8 +288,8 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
         abstract_params=abstract,
         init_params=lambda key: model_lib.init_params(cfg, key, mesh, rules),
         loss_fn=functools.partial(lm_loss, cfg=cfg, tc=tc, mesh=mesh),
-        make_train_iter=lambda: iter(_train_dataset(config)),
-        batch_sharding=sharding.batch_sharding(mesh),
+        make_train_iter=lambda: iter(_train_dataset(config, shard)),
+        batch_sharding=batch_sharding,
         post_update=post_update,
         evaluate=evaluate,
         flops_per_token=model_lib.flops_per_token(cfg, config.data.seq_len),

@@ -1,0 +1,134 @@
+"""Several hosts: JAX's multi-controller runtime (one process per host, all running c2.main).
+
+`initialize` starts `jax.distributed` from explicit settings (flags or environment) or, with none,
+from the cluster (Slurm, Open MPI, TPU). Every process then sees every device in `jax.devices()`,
+so the mesh of c2/sharding.py spans all of them; each process feeds and reads only its own
+devices. Process 0 is the primary: it writes records and metrics and, in RL, runs the rollouts;
+the others compute with it. The helpers here are the few places where processes exchange Python
+data: `share` (process 0's object to everyone), `gather` (a sharded pytree as numpy on every
+process), `process_rows` (which rows of a global batch this process's devices hold).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Mapping
+
+import jax
+import numpy as np
+
+# Settings read from the environment when the flags leave them unset (JAX's own names).
+ENV = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
+def settings(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict:
+    """The explicit settings (arguments first, then JAX_* environment variables), checked.
+
+    Either none is given (the cluster supplies them) or all three are; a ValueError names what is
+    wrong otherwise.
+    """
+    environ = os.environ if environ is None else environ
+    given = {
+        "coordinator_address": coordinator_address,
+        "num_processes": num_processes,
+        "process_id": process_id,
+    }
+    for name, value in given.items():
+        if value is None and environ.get(ENV[name], "") != "":
+            value = environ[ENV[name]]
+            if name != "coordinator_address":
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ValueError(f"{ENV[name]}={value!r}: expected an int") from None
+            given[name] = value
+    missing = [n for n, v in given.items() if v is None]
+    if len(missing) == 3:
+        return {}
+    if missing:
+        have = ", ".join(f"{n}={v!r}" for n, v in given.items() if v is not None)
+        raise ValueError(
+            f"distributed settings: {have} given but not {missing} (give coordinator_address, "
+            f"num_processes and process_id together, as flags --{' --'.join(missing)} or "
+            f"{', '.join(ENV[m] for m in missing)}; or none of them on a cluster JAX detects)"
+        )
+    address, n, i = given["coordinator_address"], given["num_processes"], given["process_id"]
+    if not isinstance(address, str) or not address.rpartition(":")[2].isdigit():
+        raise ValueError(f"coordinator_address={address!r}: expected HOST:PORT")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_processes={n!r}: expected a positive int")
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+        raise ValueError(f"process_id={i!r}: expected an int in [0, num_processes={n})")
+    return given
+
+
+def initialize(**kwargs) -> None:
+    """`jax.distributed.initialize` with `settings(**kwargs)`; call before any JAX computation.
+
+    On CPU the collectives between processes go through gloo (the CPU backend has no others).
+    """
+    chosen = settings(**kwargs)
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(**chosen)
+
+
+def is_primary() -> bool:
+    return jax.process_index() == 0
+
+
+def share(obj=None):
+    """Process 0's `obj` on every process (others pass anything; it is ignored). Every process
+    must call it at the same point: it is a collective. One process: `obj` itself."""
+    if jax.process_count() == 1:
+        return obj
+    from jax.experimental import multihost_utils
+
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_primary() else b""
+    size = multihost_utils.broadcast_one_to_all(np.asarray([len(data)], np.int64))
+    size = int(np.asarray(size)[0])
+    buffer = np.zeros(size, np.uint8)
+    if is_primary():
+        buffer[:] = np.frombuffer(data, np.uint8)
+    buffer = np.asarray(multihost_utils.broadcast_one_to_all(buffer))
+    return obj if is_primary() else pickle.loads(buffer.tobytes())
+
+
+def gather(tree):
+    """Every leaf whole, as numpy, on every process (a collective where leaves span processes);
+    fully addressable leaves are fetched locally."""
+    leaves = jax.tree.leaves(tree)
+    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def process_rows(batch_sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[int, int]:
+    """(index, count): this process's devices hold rows [index * B / count, (index + 1) * B /
+    count) of a [B, ...] array laid out by `batch_sharding` (count 1: every row, as when the batch
+    is replicated over processes). A ValueError where they are not one such block."""
+    B = shape[0]
+    rows = set()
+    for index in batch_sharding.addressable_devices_indices_map(tuple(shape)).values():
+        rows.update(range(B)[index[0]] if index else range(B))
+    lo, hi = min(rows), max(rows) + 1
+    n = hi - lo
+    if len(rows) != n or B % n or lo % n:
+        raise ValueError(
+            f"process {jax.process_index()}: its devices hold rows {sorted(rows)[:8]}... of a "
+            f"batch of {B}, not one of {B // max(n, 1)} equal blocks (order the mesh's devices by "
+            "process)"
+        )
+    return lo // n, B // n
