@@ -38,10 +38,14 @@ are mapped onto local base images (BASE_IMAGES), which `build_base_image` makes 
 and Ubuntu archives with mmdebstrap plus a small layer: this machine's extra CA certificates
 (its egress proxy; so apt, pip and uv reach their indexes during builds and tests), uv 0.9.5
 from PyPI where the uv installer would put it (~/.local/bin, with its `env` file: astral.sh is
-not reachable here, PyPI is) and a uv-managed Python 3.13 (what `uvx -p 3.13` fetches), and for
-the python:* images Debian's python3 with pip and venv as /usr/local/bin/python. On this kind of
-machine podman needs the runc runtime (crun refuses hybrid cgroups) and rlimits no higher than
-the caller's own.
+not reachable here, PyPI is) and a uv-managed Python 3.13 (what `uvx -p 3.13` fetches: CPython
+built from Debian's python3.13 source, verified by apt; or the release's own python3.13). The
+python:3.13-slim-bookworm image is Debian 12 with that CPython in /usr/local and ensurepip's pip
+(as the official image); python:3.11 / 3.10 are Debian 12's python3 (3.11) with pip and venv as
+/usr/local/bin/python; debian:bullseye-slim maps onto Debian 12 (the nearest base built here).
+On this kind of machine podman needs the runc runtime (crun refuses hybrid cgroups) and rlimits
+no higher than the caller's own. Background processes a command leaves (without a timeout)
+keep running in the episode's container, as in Harbor; the bubblewrap backend ends them.
 
     python -m c2.envs.container base [TAG ...]                  # all of BASES by default
     python -m c2.envs.container build --context DIR [--tag TAG] # DIR/Dockerfile

@@ -300,6 +300,7 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         "p2p_total": len(p2p),
         "tests_error": tests.error,
         "tests_limits_hit": tests_limits,
+        "tests_output_tail": _output_tail(tests.sandbox),
     }
     ep = episode
     limits_hit = sorted({x for r in ep.sandbox_results for x in r.limits_hit}) if ep else []
@@ -346,6 +347,13 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         efficiency=efficiency,
         interaction=interaction,
     )
+
+
+def _output_tail(r: SandboxResult | None, n: int = 600) -> str | None:
+    """The end of what the hidden tests printed (why they failed, for the record)."""
+    if r is None:
+        return None
+    return (r.stdout[-n:] + ("\n--- stderr\n" + r.stderr[-n:] if r.stderr else "")).strip()
 
 
 def _limit_words(limits: list[str]) -> str:

@@ -69,6 +69,7 @@ def run_one(task: Task, agent: str, sandbox: Sandbox) -> dict:
             0
         ]
         out = {"task_id": task.task_id, "passed": rec.passed, "why": rec.failure_reason}
+        out["tests_tail"] = rec.correctness.get("tests_output_tail")
     except Exception as e:  # noqa: BLE001 - one task's harness error is that task's result
         out = {"task_id": task.task_id, "passed": False, "why": f"{type(e).__name__}: {e}"}
     finally:
