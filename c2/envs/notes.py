@@ -200,14 +200,15 @@ def oracle_chain(
     (c2.rl.episodes.SUMMARY_INSTRUCTION), the agent writes summary_text, and the next segment
     starts from the task and that summary. submit_with_write: one reply writes the file and
     submits (two calls)."""
-    from c2.rl.episodes import SUMMARY_HEADER, SUMMARY_INSTRUCTION
+    from c2.rl.episodes import SUMMARY_INSTRUCTION, segment_head
 
     if isinstance(task, Task):
         meta, instruction, mount_at = dict(task.metadata), task.instruction, task.mount_at
         notes = {k: (task.workspace_dir / "notes" / f"{k}.txt").read_text() for k in meta["keys"]}
         source = (task.solution_dir / meta["file"]).read_text()
     else:
-        meta, instruction, mount_at = task["metadata"], task["instruction"], "/workspace"
+        meta, mount_at = task["metadata"], "/workspace"
+        instruction = task["instruction"].rstrip() + "\n"  # as instruction.md holds it
         notes = {k: task["workspace"][f"notes/{k}.txt"] for k in meta["keys"]}
         source = task["solution"][meta["file"]]
     f, file = meta["function"], meta["file"]
@@ -227,7 +228,7 @@ def oracle_chain(
             messages.append({"role": "tool", "content": [output], "note": SUMMARY_INSTRUCTION})
             messages.append({"role": "assistant", "content": summary_text(meta, i)})
             segments.append(messages)
-            head = f"{instruction}\n\n{SUMMARY_HEADER}\n{summary_text(meta, i)}"
+            head = segment_head(instruction) + summary_text(meta, i)
             messages = [{"role": "system", "content": system}, {"role": "user", "content": head}]
         else:
             messages.append({"role": "tool", "content": [output]})

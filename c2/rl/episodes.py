@@ -85,6 +85,12 @@ SUMMARY_HEADER = "Summary of your work so far (your context was reset; the files
 SUMMARY_HEADER += "as you left them):"
 
 
+def segment_head(instruction: str) -> str:
+    """The user turn that opens a chain's next segment, before the summary: the task, then the
+    header (agent SFT data renders it with this too, so both token streams are the same)."""
+    return f"{instruction.rstrip()}\n\n{SUMMARY_HEADER}\n"
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Episode budgets and sampling. Tokens count ids (the tokenizer's)."""
@@ -539,7 +545,7 @@ class EpisodeRunner:
         live.segments.append(_trajectory_fields(traj))
         live.summarising = False
         task, system = live.req.task, task_system_prompt(live.req.task)
-        head = f"{task.instruction}\n\n{SUMMARY_HEADER}\n"
+        head = segment_head(task.instruction)
         # Room for the summary: the new sequence must leave a turn's budget for the next reply.
         room = self.limit - self.config.max_turn_tokens - len(self.chat.prompt(system, head))
         ids = list(self.chat.tokenizer.encode(summary))[: max(room, 0)]

@@ -103,3 +103,20 @@ def test_sft_chains_teach_summaries_and_going_on_from_them():
         assert e["messages"][-1]["content"] == summary_text(meta, read)
         ids, mask = chat.conversation(e["messages"])
         assert len(ids) <= 1280 and mask[-1] == 1.0
+
+
+def test_sft_data_renders_the_ids_the_runner_feeds(tmp_path):
+    """Agent SFT renders chains from the in-memory task; RL plays the task as written to disk
+    (instruction.md ends with a newline): both must give the same ids, segment by segment
+    (a trailing-newline difference once made the SFT'd policy garble its first reply)."""
+    chat = AgentChat(ByteTokenizer())
+    tasks = generate_notes_tasks(tmp_path, 3, 0, "train", files=4, note_chars=80, level="fixed")
+    for i, task in enumerate(tasks):
+        memory = notes_task(0, "train", i, 4, 80, "fixed")
+        for cuts in ((), (1,), (2, 3)):
+            want = [chat.conversation(c) for c in oracle_chain(task, cuts, submit_with_write=True)]
+            got = [chat.conversation(c) for c in oracle_chain(memory, cuts, submit_with_write=True)]
+            assert len(got) == len(want) == len(cuts) + 1
+            for (a, ma), (b, mb) in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+                np.testing.assert_array_equal(ma, mb)

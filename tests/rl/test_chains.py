@@ -102,8 +102,9 @@ def test_self_summary_chain_of_three_segments(tmp_path, chat, sandbox):
     )
     np.testing.assert_array_equal(chain[0].loss_mask, mask0)  # the summary is trained
     # Segment 1 starts from system + task + the summary, in the same workspace: the file
-    # written in segment 0 is read back.
-    p1 = chat.prompt(system, f"{task.instruction}\n\n{SUMMARY_HEADER}\n{S1}")
+    # written in segment 0 is read back. Its prompt: the task (without its file's final
+    # newline), a blank line, the header, the summary.
+    p1 = chat.prompt(system, f"{task.instruction.rstrip()}\n\n{SUMMARY_HEADER}\n{S1}")
     np.testing.assert_array_equal(engine.prompts[1], p1)
     np.testing.assert_array_equal(chain[1].tokens[: len(p1)], p1)
     fed = chain[1].tokens[len(p1) :][chain[1].loss_mask[len(p1) :] == 0]
