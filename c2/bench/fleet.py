@@ -36,6 +36,7 @@ import numpy as np
 
 from c2.bench import async_rl
 from c2.rl import simulate
+from c2.train.metrics import read_metrics
 
 
 def setting_config(init_from: str, steps: int, staleness: int, latency, workers: int):
@@ -61,6 +62,14 @@ def predict(inputs: dict, latency, staleness: int, workers: int, seeds: int = 3)
         for k in range(seeds)
     ]
     return {k: float(np.mean([r[k] for r in runs])) for k in ("samples_per_s", "staleness_mean")}
+
+
+def rollout_rate(workdir: Path, skip: int = 1) -> float:
+    """Episodes finished per second by the rollouts (all backends count them alike), after
+    the first `skip` steps."""
+    rows = read_metrics(workdir / "metrics.jsonl")[skip:]
+    wall = sum(r["step_time_s"] for r in rows)
+    return sum(r["rollout_samples_per_s"] * r["step_time_s"] for r in rows) / wall
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -100,10 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             cfg = setting_config(args.init_from, args.steps, args.staleness, latency, c)
             trainer.run(cfg, workdir)
-            r = async_rl.summarize(workdir) | {"total_s": time.perf_counter() - t0}
+            r = async_rl.summarize(workdir) | {
+                "rollout_samples_per_s": rollout_rate(workdir),
+                "total_s": time.perf_counter() - t0,
+            }
             runs[name(c)].append(r)
             print(
-                f"{name(c)}: {r['samples_per_s']:.2f} samples/s, trainer idle "
+                f"{name(c)}: {r['samples_per_s']:.2f} samples/s trained, "
+                f"{r['rollout_samples_per_s']:.2f} generated, trainer idle "
                 f"{r['trainer_idle_frac']:.2f}, staleness {r['staleness_mean']:.2f}, "
                 f"total {r['total_s']:.0f} s",
                 flush=True,
@@ -120,13 +133,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = os.getloadavg()
     table = {}
     base = float(np.mean([r["samples_per_s"] for r in runs["local"]]))
-    print(f"\n{'backend':>8} {'samples/s':>10} {'vs local':>9} {'simulated/s':>12}")
+    print(f"\n{'backend':>8} {'samples/s':>10} {'vs local':>9} {'generated/s':>12} {'sim/s':>7}")
     for c in counts:
         rates = [r["samples_per_s"] for r in runs[name(c)]]
+        generated = [r["rollout_samples_per_s"] for r in runs[name(c)]]
         sim = predict(inputs, latency, args.staleness, c)
         table[name(c)] = {
             "samples_per_s": float(np.mean(rates)),
             "samples_per_s_runs": rates,
+            "generated_per_s": float(np.mean(generated)),
+            "generated_per_s_runs": generated,
             "vs_local": float(np.mean(rates)) / base,
             "simulated_samples_per_s": sim["samples_per_s"],
             "simulated_staleness_mean": sim["staleness_mean"],
@@ -134,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t = table[name(c)]
         print(
             f"{name(c):>8} {t['samples_per_s']:>10.2f} {t['vs_local']:>8.2f}x "
-            f"{t['simulated_samples_per_s']:>12.2f}"
+            f"{t['generated_per_s']:>12.2f} {t['simulated_samples_per_s']:>7.2f}"
         )
     print(f"# load average {after[0]:.2f} (after)")
     if args.out:
