@@ -63,6 +63,16 @@ def _is_zero(weight: Weight) -> bool:
     return not callable(weight) and float(weight) == 0.0
 
 
+def _place(x, sharding: NamedSharding) -> jax.Array:
+    """A host array laid out by `sharding`. Across several processes, each places only the shards
+    of its own devices, from its own copy: every process must hold the same `x` (the RL trainer
+    shares process 0's batch, c2/rl/trainer.py)."""
+    x = np.asarray(x)
+    if sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
 class RLLearner:
     """Builds and runs the RL step for one model, objective, optimiser and mesh.
 
@@ -156,9 +166,11 @@ class RLLearner:
         self._row_spec = P(token_spec[0])
         token_sharding = NamedSharding(mesh, token_spec)
         self._logp_jit = jax.jit(self._logp_batch, out_shardings=(token_sharding,) * 3)
+        # Metrics and per-sample values replicated: every process (host) can read them whole.
+        replicated = NamedSharding(mesh, P())
         self._update_jit = jax.jit(
             self._update,
-            out_shardings=(self.param_shardings, self.opt_shardings, None, None),
+            out_shardings=(self.param_shardings, self.opt_shardings, replicated, replicated),
             donate_argnums=(0, 1),
         )
 
@@ -214,8 +226,8 @@ class RLLearner:
         logp_BT, support_BT, kl_logp_BT = self._logp_jit(params, batch)
         ref_kl_logp_BT = None if ref_params is None else self._logp_jit(ref_params, batch)[2]
         rows = NamedSharding(self.mesh, self._row_spec)
-        terms = jax.device_put(terms, rows)
-        effort_counts = jax.device_put(effort_counts, rows)
+        terms = {k: _place(v, rows) for k, v in terms.items()}
+        effort_counts = {k: _place(v, rows) for k, v in effort_counts.items()}
         return self._update_jit(
             params,
             opt_state,
@@ -307,10 +319,7 @@ class RLLearner:
         return out_terms, out_effort
 
     def _put_batch(self, batch):
-        return {
-            k: jax.device_put(np.asarray(batch[k]), NamedSharding(self.mesh, self._specs[k]))
-            for k in BATCH_KEYS
-        }
+        return {k: _place(batch[k], NamedSharding(self.mesh, self._specs[k])) for k in BATCH_KEYS}
 
     # Micro-batches ------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
+from c2 import distributed
 from c2.data.chat import AgentChat
 from c2.data.tokenizer import load_tokenizer
 from c2.envs.sandbox import Sandbox
@@ -143,24 +144,38 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     r = config.rl
     task = lm.build_task(rl_config._without_rl(config))  # mesh, shardings, init and import
     mesh = task.mesh
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
+    # Several processes (c2/distributed.py): all train; process 0 alone runs the rollouts and
+    # evaluations, holds the prompts and writes; the others follow it (_follow).
+    primary = distributed.is_primary()
+    if primary:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
     tokenizer = load_tokenizer(config.data.tokenizer)
     chat = AgentChat(tokenizer)
     steps = config.train.steps
     n_train = steps * r.prompts_per_step
-    train_tasks = load_task_source(r.tasks, "train", n_train, r.task_seed, workdir)
-    heldout = load_task_source(r.heldout_tasks, "eval", r.eval.tasks, r.task_seed + 1, workdir)
-    heldout = heldout[: r.eval.tasks]
-    by_id = {t.task_id: t for t in train_tasks}
-    if len(train_tasks) < n_train:
-        steps = len(train_tasks) // r.prompts_per_step
-        log.warning("single epoch: %d prompts give %d steps", len(train_tasks), steps)
-        if steps < 1:
-            raise ConfigError(
-                f"config.rl.tasks: {len(train_tasks)} prompts; need at least "
-                f"prompts_per_step={r.prompts_per_step}"
+    train_tasks, heldout, problem = [], [], None
+    if primary:
+        try:
+            train_tasks = load_task_source(r.tasks, "train", n_train, r.task_seed, workdir)
+            heldout = load_task_source(
+                r.heldout_tasks, "eval", r.eval.tasks, r.task_seed + 1, workdir
             )
+        except ConfigError as e:
+            problem = str(e)
+        heldout = heldout[: r.eval.tasks]
+        if problem is None and len(train_tasks) < n_train:
+            steps = len(train_tasks) // r.prompts_per_step
+            log.warning("single epoch: %d prompts give %d steps", len(train_tasks), steps)
+            if steps < 1:
+                problem = (
+                    f"config.rl.tasks: {len(train_tasks)} prompts; need at least "
+                    f"prompts_per_step={r.prompts_per_step}"
+                )
+    steps, problem = distributed.share((steps, problem))
+    if problem is not None:
+        raise ConfigError(problem)
+    by_id = {t.task_id: t for t in train_tasks}
     order = [t.task_id for t in train_tasks]
 
     tx, schedule = make_optimizer(config.optimizer, steps, task.abstract_params)
@@ -202,7 +217,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         router_replay=r.router_replay,
     )
     rollouts_dir = workdir / "rollouts"
-    _set_aside_lost_steps(rollouts_dir, start)
+    if primary:
+        _set_aside_lost_steps(rollouts_dir, start)
     engine_args = dict(
         max_slots=r.rollout.engine_slots,
         max_len=max(r.seq_buckets),
@@ -212,6 +228,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         stop_tokens=(chat.im_end,),
         recompute_kv=r.recompute_kv,
     )
+    if not primary:
+        return _follow(learner, (params, opt_state, ref_params), ckpt, start, steps, config)
     if r.weight_store:
         weights = orchestrator.StoreWeights(
             r.weight_store,
@@ -247,9 +265,10 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
 
     writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
     evals = _read_evals(workdir, start)
+    first_eval = distributed.share(start == 0 and 0 not in evals)
     bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
     try:
-        if start == 0 and 0 not in evals:
+        if first_eval:
             evals[0] = evaluate(0)
         rollouts.start()
         t_prev, seen = time.perf_counter(), rollouts.counters()
@@ -270,6 +289,9 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 group_size=G,
             )
             terms, effort = reward_arrays(samples, len(samples))
+            evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
+            # The other processes train on this batch too (a no-op with one process).
+            distributed.share(dict(batch=batch, terms=terms, effort=effort, evaluate=evaluating))
             params, opt_state, step_metrics, per_sample = learner.update(
                 params, opt_state, ref_params, batch, terms, effort, s
             )
@@ -308,7 +330,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 }
             )
             t_prev, seen = now, counts
-            if step == steps or (r.eval.every and step % r.eval.every == 0):
+            if evaluating:
                 evals[step] = evaluate(step)
                 record |= _eval_metrics(evals[step])
             writer.write(step, record)
@@ -355,9 +377,39 @@ def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
     log.info("rollouts of steps %s (after the restored step %d) moved to %s", steps, start, aside)
 
 
+def _follow(learner, state, ckpt, start: int, steps: int, config) -> dict:
+    """A process other than the first: the same collectives as process 0's loop in `run`, in the
+    same order (the weights gathered for its engine, the update on its shared batch, its
+    evaluations' weights, the checkpoints); no rollouts, no files but its checkpoint shards."""
+    params, opt_state, ref_params = state
+    try:
+        _for_engine(params, learner.mesh)  # the rollout engine's first weights
+        if distributed.share():  # an evaluation before the first step
+            _for_engine(params, learner.mesh)
+        for step in range(start + 1, steps + 1):
+            shared = distributed.share()
+            params, opt_state, _, _ = learner.update(
+                params, opt_state, ref_params, shared["batch"], shared["terms"],
+                shared["effort"], step - 1,
+            )  # fmt: skip
+            _for_engine(params, learner.mesh)  # published to the rollout engine
+            if shared["evaluate"]:
+                _for_engine(params, learner.mesh)
+            if step % config.train.checkpoint_every == 0 or step == steps:
+                ckpt.save(step, params, opt_state, {}, None, force=True)  # meta: process 0's
+    finally:
+        ckpt.close()
+    return {}
+
+
 def _for_engine(params, mesh):
     """The engine's own copy of the weights, on one device: the update donates the trainer's
-    while the engine is still decoding (a device_put alone may alias the trainer's shard)."""
+    while the engine is still decoding (a device_put alone may alias the trainer's shard).
+    Several processes: a collective (every process calls it; each receives the whole weights)
+    whose copy is process 0's alone (None elsewhere)."""
+    if jax.process_count() > 1:
+        whole = distributed.gather(params)
+        return jax.device_put(whole, jax.local_devices()[0]) if distributed.is_primary() else None
     if mesh.devices.size > 1:
         params = jax.device_put(params, jax.devices()[0])
     return jax.tree.map(jnp.copy, params)
