@@ -33,7 +33,9 @@ Every fault is counted in `metrics()` (`fleet/...`), which the trainer logs each
 
 `ray` is an optional extra (`pip install -e '.[distributed]'`); this module imports it only when
 a fleet starts. Connect to a cluster with `config.rl.ray_address` ("auto", "ray://host:10001");
-empty starts a local one.
+empty starts a local one, whose workers run at the trainer's priority (Ray's default niceness of
+15 for workers starves them wherever they share cores with the trainer; on a cluster of your own,
+`ray start --system-config='{"worker_niceness": 0}'` does the same).
 """
 
 from __future__ import annotations
@@ -579,5 +581,8 @@ def start_ray(address: str, workers: int, cpus_per_worker: float) -> Callable[[]
             include_dashboard=False,
             runtime_env={"env_vars": env},
             log_to_driver=True,
+            # Ray starts workers at niceness 15: sharing cores with the trainer, the engines
+            # would then get what is left. Rollouts are the work here, not background.
+            _system_config={"worker_niceness": 0},
         )
     return ray.shutdown
