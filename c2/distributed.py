@@ -11,6 +11,7 @@ process), `process_rows` (which rows of a global batch this process's devices ho
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 from collections.abc import Mapping
@@ -132,3 +133,63 @@ def process_rows(batch_sharding: jax.sharding.Sharding, shape: tuple[int, ...]) 
             "process)"
         )
     return lo // n, B // n
+
+
+_barriers = 0  # barriers passed by this process (each name is used once)
+
+
+def barrier(name: str, timeout_s: float = 600.0) -> None:
+    """Waits until every process reaches `name` (the coordination service's barrier, not a
+    device collective); nothing with one process."""
+    if jax.process_count() == 1:
+        return
+    from jax._src import distributed as jax_distributed  # the client jax's own serialisation uses
+
+    global _barriers
+    _barriers += 1
+    client = jax_distributed.global_state.client
+    client.wait_at_barrier(f"{name} #{_barriers}", int(timeout_s * 1000))
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out
+
+
+def warm_collectives(mesh: jax.sharding.Mesh) -> None:
+    """Sets up the CPU (gloo) communicators of every group of devices a program on `mesh` can
+    reduce over, with all processes in step.
+
+    gloo connects a group the first time a program uses it and gives its peers 30 s to arrive:
+    processes that compile a new program at different speeds (a loaded machine) miss that window.
+    Every group made of whole or prime-factored mesh axes is connected here, once, after a
+    barrier; later programs reuse the connections (a collective itself waits as long as it
+    takes). Nothing with one process or on GPU/TPU.
+    """
+    if jax.process_count() == 1 or mesh.devices.flat[0].platform != "cpu":
+        return
+    sizes = [f for n in mesh.devices.shape for f in _prime_factors(n)]
+    if not sizes:
+        return
+    names = tuple(f"f{i}" for i in range(len(sizes)))
+    fine = jax.sharding.Mesh(mesh.devices.reshape(sizes), names)
+    groups = [c for k in range(1, len(names) + 1) for c in itertools.combinations(names, k)]
+    spec = jax.sharding.PartitionSpec(names)
+
+    def body(x):
+        return [jax.lax.psum(x, group) for group in groups]
+
+    fn = jax.jit(jax.shard_map(body, mesh=fine, in_specs=spec, out_specs=[spec] * len(groups)))
+    x = jax.make_array_from_callback(
+        (fine.size,),
+        jax.sharding.NamedSharding(fine, spec),
+        lambda index: np.ones(fine.size, np.float32)[index],
+    )
+    compiled = fn.lower(x).compile()
+    barrier(f"c2 collectives on {dict(mesh.shape)}")
+    jax.block_until_ready(compiled(x))

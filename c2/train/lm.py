@@ -256,6 +256,7 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
     """The LM Task of a stage config (validated first; nothing is compiled here)."""
     mesh_sizes, cfg = validate(config, jax.device_count())
     mesh = make_mesh(mesh_sizes)
+    distributed.warm_collectives(mesh)  # several CPU processes: connect them while in step
     rules = sharding_rules(config)
     shardings = model_lib.param_shardings(cfg, mesh, rules)
     abstract = jax.tree.map(
