@@ -79,6 +79,9 @@ from pathlib import Path
 from c2.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, _tree_bytes
 
 LABEL = "c2.session"
+# Every container's environment besides its image's: the package tools' network timeouts raised
+# (uv's 30 s default fails wheels of a few MB through this machine's proxy under load).
+SESSION_ENV = {"UV_HTTP_TIMEOUT": "300", "PIP_DEFAULT_TIMEOUT": "180"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +276,7 @@ class ContainerSandbox:
             name = f"c2-{uuid.uuid4().hex[:12]}"
             argv = [*self.cmd, "run", "-d", "--name", name, "--init", *self._net()]
             argv += ["--label", f"{LABEL}={key}", *_resources(limits)]
+            argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
             argv += ["-v", f"{workdir}:{mount_at}", "-w", mount_at, self.image]
             argv += ["sleep", "infinity"]
             r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
@@ -354,6 +358,7 @@ class ContainerSandbox:
         name = f"c2-{uuid.uuid4().hex[:12]}"
         argv = [*self.cmd, "run", "--rm", "--name", name, "--init", *self._net()]
         argv += [*_resources(limits), "-v", f"{workdir}:{mount_at}:ro", "-w", mount_at]
+        argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
         for src, dst, writable in binds:
             argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
         for k, v in (env or {}).items():
