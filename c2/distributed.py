@@ -79,7 +79,7 @@ def initialize(**kwargs) -> None:
     On CPU the collectives between processes go through gloo (the CPU backend has no others).
     """
     chosen = settings(**kwargs)
-    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+    if getattr(jax.config, "jax_cpu_collectives_implementation", "gloo") in (None, "none"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(**chosen)
 
