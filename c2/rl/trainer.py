@@ -230,29 +230,36 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     )
     if not primary:
         return _follow(learner, (params, opt_state, ref_params), ckpt, start, steps, config)
-    if r.weight_store:
+    G, P = r.group_size, r.prompts_per_step
+    scheduler = orchestrator.Scheduler(P, G, r.max_staleness, trained=len(ledger.consumed))
+    prompts = ledger.take(len(order))
+    request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)
+    # Ray workers fetch their weights from the store: on one machine it may default to DIR's.
+    store = r.weight_store or (str(workdir / "weight_store") if r.rollout_backend == "ray" else "")
+    if store:
         weights = orchestrator.StoreWeights(
-            r.weight_store,
-            dtype=r.weight_store_dtype,
-            full_every=r.weight_store_full_every,
-            start=start,
+            store, dtype=r.weight_store_dtype, full_every=r.weight_store_full_every, start=start
         )
     else:
         weights = orchestrator.InProcessWeights()
     served = weights.initial(_for_engine(params, mesh), start)
-    engine = Engine(served, cfg, seed=config.train.seed + start, version=start, **engine_args)
     sandbox = Sandbox()
-    runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
-    G, P = r.group_size, r.prompts_per_step
-    rollouts = orchestrator.AsyncRollouts(
-        runner,
-        orchestrator.Scheduler(P, G, r.max_staleness, trained=len(ledger.consumed)),
-        ledger.take(len(order)),
-        lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k),
-        version=start,
-        limit=(steps - start) * P,
-        weights=weights,
-    )
+    if r.rollout_backend == "ray":
+        rollouts = _fleet(
+            config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps
+        )
+    else:
+        engine = Engine(served, cfg, seed=config.train.seed + start, version=start, **engine_args)
+        runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
+        rollouts = orchestrator.AsyncRollouts(
+            runner,
+            scheduler,
+            prompts,
+            request,
+            version=start,
+            limit=(steps - start) * P,
+            weights=weights,
+        )
 
     def evaluate(step: int) -> dict:
         """Held-out episodes with the weights of `step`, on an engine of their own (training
@@ -319,7 +326,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     "rollout_samples_per_s": (counts["samples"] - seen["samples"]) / wall,
                     "samples_per_s": len(samples) / wall,
                     "trainer_idle_frac": waited / wall,
-                    "rollout_errors": float(sum(runner.counts.values())),
                     "train_s": t_train,
                     "train_tokens_per_s": len(rows) * T / max(t_train, 1e-9),
                     "step_time_s": wall,
@@ -328,6 +334,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     "cum_device_seconds": counters.device_seconds,
                     "prompts_consumed": len(ledger.consumed),
                 }
+                | rollouts.metrics()
             )
             t_prev, seen = now, counts
             if evaluating:
@@ -350,6 +357,36 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
     plot_run(workdir, config.name, CURVES)
     return summary
+
+
+def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps):
+    """The Ray rollout fleet (c2/rl/fleet.py) for this run: workers fetch `weights`' store."""
+    from c2.rl import fleet
+
+    r = config.rl
+    spec = fleet.WorkerSpec(
+        model=cfg,
+        tokenizer=config.data.tokenizer,
+        rollout=rollout,
+        engine_args=engine_args,
+        weight_url=weights.url,
+        seed=config.train.seed + start,
+        max_staleness=r.max_staleness,
+        compilation_cache=jax.config.jax_compilation_cache_dir or "",
+    )
+    shutdown = fleet.start_ray(r.ray_address, r.num_rollout_workers, r.ray_worker_cpus)
+    return fleet.RayRollouts(
+        fleet.ray_launcher(spec, num_cpus=r.ray_worker_cpus, num_gpus=r.ray_worker_gpus),
+        scheduler,
+        prompts,
+        request,
+        version=start,
+        limit=(steps - start) * r.prompts_per_step,
+        weights=weights,
+        workers=r.num_rollout_workers,
+        max_restarts=None if r.ray_max_restarts < 0 else r.ray_max_restarts,
+        on_close=shutdown,
+    )
 
 
 def _check_staleness(samples: list[Sample], step: int, bound: int) -> None:
