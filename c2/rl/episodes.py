@@ -506,12 +506,16 @@ class EpisodeRunner:
     # Chains ---------------------------------------------------------------------------------
 
     def _cut_now(self, live: _Live, outputs, obs) -> bool:
-        """Past the trigger, or the last observation after which a summary still fits."""
+        """Past the trigger, or the last observation at which the summary will fit: after one
+        more reply (as long as the chain's longest so far) and an observation as long as this
+        one, the summary instruction and the summary would no longer fit in the context."""
         length = self._length(live)
         if length + len(obs) > live.trigger:
             return True
         asked = self.chat.observation(outputs, note=SUMMARY_INSTRUCTION)
-        return length + len(asked) + self.config.summary_budget > self.limit
+        reply = max(map(len, live.all_turns), default=self.config.max_turn_tokens)
+        later = length + len(obs) + reply + len(asked)
+        return later + self.config.summary_budget > self.limit
 
     def _ask_for_summary(self, live: _Live, outputs) -> bool:
         """Feed the observation with the summary instruction; the next reply is the summary.

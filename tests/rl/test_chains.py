@@ -176,3 +176,41 @@ def test_trigger_is_shared_by_a_group_and_config_errors_name_the_field():
         RolloutConfig(max_tokens=1024, context_management="self_summary", summary_trigger=1000)
     with pytest.raises(ValueError, match="context_management='summary'"):
         RolloutConfig(context_management="summary")
+
+
+def test_the_cut_comes_while_the_next_turn_still_leaves_room_for_the_summary(chat, sandbox):
+    """Below the trigger, a chain still cuts at the last observation after which the summary
+    will fit: one more reply as long as the chain's longest and an observation like this one
+    would leave no room for the summary instruction and the summary (cutting later would end
+    the episode at the context, a summary never asked for)."""
+    import types
+
+    limit, budget = 1024, 64
+    cfg = RolloutConfig(
+        max_tokens=limit,
+        max_turn_tokens=200,
+        context_management="self_summary",
+        summary_trigger=limit - budget,  # as late as allowed: never reached below
+        summary_max_tokens=budget,
+    )
+    engine = ChainEngine([], max_len=limit, im_end=chat.im_end)
+    runner = EpisodeRunner(engine, chat, sandbox, "/tmp/unused", cfg)
+    outputs = ["x" * 100]
+    obs = chat.observation(outputs)
+    asked = chat.observation(outputs, note=SUMMARY_INSTRUCTION)
+    reply = 60
+
+    def live(length):
+        prompt = np.zeros(length - reply, np.int32)
+        turn = np.zeros(reply, np.int32)
+        return types.SimpleNamespace(
+            prompt=prompt, turns=[turn], all_turns=[turn], tool_output_tokens=0, trigger=960
+        )
+
+    # The latest length at which the summary fits after one more turn like the last:
+    last = limit - budget - len(asked) - reply - len(obs)
+    assert not runner._cut_now(live(last), outputs, obs)
+    assert runner._cut_now(live(last + 1), outputs, obs)  # one token later: cut now
+    # ... while the summary itself would still fit now (what the check used to look at):
+    assert last + 1 + len(asked) + budget <= limit
+    assert runner._cut_now(live(960 - len(obs) + 1), outputs, obs)  # past the trigger
