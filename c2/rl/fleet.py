@@ -387,16 +387,15 @@ class RayRollouts(orchestrator.Collector):
         return self
 
     def _drive_in_thread(self, h: _Handle) -> None:
+        t = threading.Thread(target=self._drive, args=(h,), name=f"drive-{h.index}", daemon=True)
         with self._cond:
             self._handles.append(h)
-        t = threading.Thread(target=self._drive, args=(h,), name=f"drive-{h.index}", daemon=True)
-        self._threads.append(t)
+            self._threads.append(t)
         t.start()
 
     # One thread per worker -------------------------------------------------------------------
 
     def _drive(self, h: _Handle) -> None:
-        sends: list[EpisodeRequest] = []
         try:
             while not self._stop.is_set():
                 with self._cond:
@@ -521,7 +520,8 @@ class RayRollouts(orchestrator.Collector):
     # The trainer's side ----------------------------------------------------------------------
 
     def _generating(self) -> bool:
-        return any(t.is_alive() for t in self._threads)
+        with self._cond:
+            return any(t.is_alive() for t in self._threads)
 
     def publish(self, params, version: int) -> None:
         """Publish to the store; workers fetch it themselves (and are refreshed if they lag)."""
