@@ -586,24 +586,14 @@ def import_harbor(
     new_test_sh, test_reqs, _ = rewrite_test_sh(test_sh, have=have)
     requirements = merge_requirements(plan.requirements, test_reqs)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for debris in out_dir.glob(f".{task_id}.*"):  # left by an import that was killed
-        shutil.rmtree(debris, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{task_id}.", dir=out_dir))
+    stage = _stage(out_dir, task_id)
     try:
         python_env = _build_env(requirements, env_builder)
         workspace = stage / "build"
         workspace.mkdir()
         _build_workspace(plan, env_dir, workspace, python_env, config, sandbox)
         metadata = {
-            "task_id": task_id,
-            "source": "harbor",
-            "origin": str(src),
-            "fail_to_pass": ["tests/test.sh"],
-            "pass_to_pass": [],
-            "difficulty": config.get("metadata", {}).get("difficulty", "unknown"),
-            "category": config.get("metadata", {}).get("category", "unknown"),
-            "seed": 0,
-            "grader": "harbor",
+            **_metadata(task_id, src, config),
             "mount_at": plan.root,
             "environment": {"requirements": requirements},
             "harbor": {"base_image": plan.base_image, "apt": sorted(set(plan.apt))},
@@ -637,6 +627,29 @@ def import_harbor(
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return load_task(final)
+
+
+def _metadata(task_id: str, src: Path, config: dict) -> dict:
+    """The metadata every imported Harbor task has, whatever its backend."""
+    return {
+        "task_id": task_id,
+        "source": "harbor",
+        "origin": str(src),
+        "fail_to_pass": ["tests/test.sh"],
+        "pass_to_pass": [],
+        "difficulty": config.get("metadata", {}).get("difficulty", "unknown"),
+        "category": config.get("metadata", {}).get("category", "unknown"),
+        "seed": 0,
+        "grader": "harbor",
+    }
+
+
+def _stage(out_dir: Path, task_id: str) -> Path:
+    """A fresh staging directory for `task_id` under out_dir, after removing what an import
+    that was killed left there."""
+    for debris in out_dir.glob(f".{task_id}.*"):
+        shutil.rmtree(debris, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f".{task_id}.", dir=out_dir))
 
 
 def _files(d: Path) -> dict[str, bytes]:
@@ -768,20 +781,10 @@ def import_container(
     workdir = image_workdir(tag, engine)
     if workdir == "/" or workdir.split("/")[1] in _SYSTEM_DIRS:
         raise UnsupportedTask("workdir", f"the image's working directory is {workdir}")
-    for debris in out_dir.glob(f".{task_id}.*"):  # left by an import that was killed
-        shutil.rmtree(debris, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{task_id}.", dir=out_dir))
+    stage = _stage(out_dir, task_id)
     try:
         metadata = {
-            "task_id": task_id,
-            "source": "harbor",
-            "origin": str(src),
-            "fail_to_pass": ["tests/test.sh"],
-            "pass_to_pass": [],
-            "difficulty": config.get("metadata", {}).get("difficulty", "unknown"),
-            "category": config.get("metadata", {}).get("category", "unknown"),
-            "seed": 0,
-            "grader": "harbor",
+            **_metadata(task_id, src, config),
             "mount_at": workdir,
             "container": {
                 "engine": engine,
