@@ -168,6 +168,14 @@ class _Isolation:
         return f"{self.backend} containers"
 
 
+def _conmon_cwd() -> str:
+    """Where podman's conmon runs: it writes a file named `oom` into its working directory when
+    a container process is OOM-killed, which must not land in the caller's (a checkout)."""
+    path = Path(tempfile.gettempdir()) / "c2-conmon"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
 def engine_command(engine: str = "podman") -> list[str]:
     if engine not in ("podman", "docker"):
         raise SandboxError(f"engine={engine!r}: expected 'podman' or 'docker'")
@@ -279,7 +287,7 @@ class ContainerSandbox:
             argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
             argv += ["-v", f"{workdir}:{mount_at}", "-w", mount_at, self.image]
             argv += ["sleep", "infinity"]
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=_conmon_cwd())
             if r.returncode != 0:
                 subprocess.run([*self.cmd, "rm", "-f", name], capture_output=True, timeout=120)
                 raise SandboxError(
@@ -396,7 +404,9 @@ class ContainerSandbox:
         deadline = t0 + limits.timeout_s + 10  # the host's backstop behind `timeout` inside
         timed_out = overflow = False
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=_conmon_cwd()
+            )
             while proc.poll() is None:
                 time.sleep(0.05)
                 if os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > cap:
