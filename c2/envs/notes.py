@@ -249,8 +249,10 @@ def chain_conversations(
 ) -> list[dict]:
     """SFT data for chains: {"messages", "path"} per segment of the oracle chains of tasks
     0..n-1, each chain cut once after a seeded number of reads (1..files-1: the summary, and
-    going on from one, both seen), every other chain also uncut. The last reply writes the
-    file and submits (no observation after the fix, so no cut between the two)."""
+    going on from one, both seen), every other chain also uncut, and every third also cut twice
+    (after a and b reads, a < b <= files: a summary written from a segment that began with one,
+    as a tight context asks for). The last reply writes the file and submits (no observation
+    after the fix, so no cut between the two)."""
     out = []
     for i in range(n):
         t = notes_task(seed, split, i, files, note_chars, level)
@@ -258,6 +260,9 @@ def chain_conversations(
         plans = [(rng.randrange(1, files),)] if files > 1 else [()]
         if i % 2:
             plans.append(())
+        if i % 3 == 0 and files > 1:
+            a = rng.randrange(1, files)
+            plans.append((a, rng.randrange(a + 1, files + 1)))
         for cuts in plans:
             for k, messages in enumerate(oracle_chain(t, cuts, submit_with_write=True)):
                 path = f"{t['metadata']['task_id']}/cut{'-'.join(map(str, cuts))}/{k}"

@@ -76,13 +76,12 @@ STOP_REASONS = (
     "chain_budget",  # context management needed another segment beyond max_segments
 )
 CONTEXT_MANAGEMENT = ("none", "self_summary", "compaction")
+# Short on purpose: with byte tokens every character is a token of the context the chain saves.
 SUMMARY_INSTRUCTION = (
-    "Your context is nearly full. Summarise your progress so far for yourself: what the task "
-    "needs, what you found (keep exact names and values), what you changed, and what is left. "
-    "Reply with the summary only, no tool call."
+    "Your context is nearly full. Summarise your progress: exact values found, changes made, "
+    "what is left. No tool call."
 )
-SUMMARY_HEADER = "Summary of your work so far (your context was reset; the files you changed are "
-SUMMARY_HEADER += "as you left them):"
+SUMMARY_HEADER = "Your summary (context reset; files are as you left them):"
 
 
 def segment_head(instruction: str) -> str:
@@ -207,6 +206,7 @@ class _Live:
     summarising: bool = False
     summaries_cut: int = 0
     trigger: int = 0
+    longest_action: int = 0  # the chain's longest reply that was not a summary
 
 
 class EpisodeRunner:
@@ -440,6 +440,7 @@ class EpisodeRunner:
             self._new_segment(live, self.chat.reply_text(ids), running)
             return
         ep.turns += 1
+        live.longest_action = max(live.longest_action, len(ids))
         if comp.finish_reason == "length" and (not ids or ids[-1] != self.chat.im_end):
             budget_left = self.limit - self._length(live)
             ep.stop_reason = "max_tokens" if budget_left <= 0 else "turn_budget"
@@ -507,13 +508,14 @@ class EpisodeRunner:
 
     def _cut_now(self, live: _Live, outputs, obs) -> bool:
         """Past the trigger, or the last observation at which the summary will fit: after one
-        more reply (as long as the chain's longest so far) and an observation as long as this
-        one, the summary instruction and the summary would no longer fit in the context."""
+        more reply (as long as the chain's longest action so far: summaries are not the next
+        reply) and an observation as long as this one, the summary instruction and the summary
+        would no longer fit in the context."""
         length = self._length(live)
         if length + len(obs) > live.trigger:
             return True
         asked = self.chat.observation(outputs, note=SUMMARY_INSTRUCTION)
-        reply = max(map(len, live.all_turns), default=self.config.max_turn_tokens)
+        reply = live.longest_action or self.config.max_turn_tokens
         later = length + len(obs) + reply + len(asked)
         return later + self.config.summary_budget > self.limit
 

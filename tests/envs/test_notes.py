@@ -91,15 +91,21 @@ def test_sft_chains_teach_summaries_and_going_on_from_them():
 
     chat = AgentChat(ByteTokenizer())
     examples = load_sft_examples("notes:fixed:4:80")
-    assert len(examples) == 1500 and examples == load_sft_examples("notes:fixed:4:80")
+    # 600 tasks: one cut each (2 segments), every other also uncut, every third also cut twice
+    assert len(examples) == 1200 + 300 + 3 * 200 and examples == load_sft_examples(
+        "notes:fixed:4:80"
+    )
     asked = [
         e for e in examples if any(m.get("note") == SUMMARY_INSTRUCTION for m in e["messages"])
     ]
     resumed = [e for e in examples if SUMMARY_HEADER in e["messages"][1]["content"]]
-    assert len(asked) == len(resumed) == 600  # one cut per task
-    for e in asked[:20]:  # the summary carries every value read so far, exactly
+    assert len(asked) == len(resumed) == 600 + 2 * 200
+    twice = [e for e in resumed if any(m.get("note") == SUMMARY_INSTRUCTION for m in e["messages"])]
+    assert len(twice) == 200  # a summary written in a segment that began from one
+    for e in asked[:20] + twice[:20]:  # the summary carries every value read so far, exactly
         meta = notes_task(0, "train", int(e["path"].split("/")[0][-5:]), 4, 80, "fixed")["metadata"]
-        read = int(e["path"].split("/")[1][3:])
+        _, plan, segment = e["path"].split("/")  # task/cut<a>[-<b>]/<segment index>
+        read = [int(c) for c in plan[3:].split("-")][int(segment)]
         assert e["messages"][-1]["content"] == summary_text(meta, read)
         ids, mask = chat.conversation(e["messages"])
         assert len(ids) <= 1280 and mask[-1] == 1.0

@@ -180,7 +180,7 @@ def test_trigger_is_shared_by_a_group_and_config_errors_name_the_field():
 
 def test_the_cut_comes_while_the_next_turn_still_leaves_room_for_the_summary(chat, sandbox):
     """Below the trigger, a chain still cuts at the last observation after which the summary
-    will fit: one more reply as long as the chain's longest and an observation like this one
+    will fit: one more reply as long as the chain's longest action and an observation like this one
     would leave no room for the summary instruction and the summary (cutting later would end
     the episode at the context, a summary never asked for)."""
     import types
@@ -204,7 +204,11 @@ def test_the_cut_comes_while_the_next_turn_still_leaves_room_for_the_summary(cha
         prompt = np.zeros(length - reply, np.int32)
         turn = np.zeros(reply, np.int32)
         return types.SimpleNamespace(
-            prompt=prompt, turns=[turn], all_turns=[turn], tool_output_tokens=0, trigger=960
+            prompt=prompt,
+            turns=[turn],
+            tool_output_tokens=0,
+            trigger=960,
+            longest_action=reply,  # a longer summary (below) is not the next reply
         )
 
     # The latest length at which the summary fits after one more turn like the last:
