@@ -50,6 +50,7 @@ def stage_config(workdir: str | Path) -> tuple[Path, ml_collections.ConfigDict]:
     if "stages" in config:  # a pipeline: its last stage's weights
         last = list(config.stages.keys())[-1]
         return stage_config(workdir / last)
+    config = _with_defaults(config)
     if "rl" in config:  # an RL stage: the training-stage part (what c2.train.lm reads)
         base = copy.deepcopy(config)
         with base.unlocked():
@@ -58,6 +59,26 @@ def stage_config(workdir: str | Path) -> tuple[Path, ml_collections.ConfigDict]:
         base.data.batch_size = config.rl.prompts_per_step * config.rl.group_size
         config = base
     return workdir, config
+
+
+def _with_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A saved stage config with the fields added to c2 since it was written, at their defaults
+    (which keep the old behaviour), so a run directory stays loadable as the config grows."""
+    if "rl" in saved:
+        from c2.rl.config import rl_stage_defaults as defaults
+    else:
+        from c2.train.config import stage_defaults as defaults
+
+    def fill(got: dict, want: dict) -> dict:
+        out = dict(got)
+        for key, value in want.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    return ml_collections.ConfigDict(fill(saved.to_dict(), defaults().to_dict()))
 
 
 def load_model(spec: str) -> LoadedModel:

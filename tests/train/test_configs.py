@@ -115,3 +115,22 @@ def test_real_scale_configs_build_abstractly(name):
     (loss, (metrics, _)), grads = jax.eval_shape(grad_fn, params, batch)
     assert loss.shape == () and "mtp1_acceptance" in metrics
     assert jax.tree.map(lambda g: g.shape, grads) == param_shapes
+
+
+@pytest.mark.parametrize("name", ["cpt_tiny", "rl_tiny"])
+def test_a_run_saved_before_a_config_field_existed_still_loads(tmp_path, name):
+    """A run directory's config.json lacks the fields added to c2 after it was written: loading
+    it for evaluation fills them at their defaults; the saved values stay."""
+    import json
+
+    from c2.eval.models import stage_config
+
+    config = load_config(EXPERIMENTS / f"{name}.py")
+    config.optimizer.lr = 1.234e-4
+    saved = config.to_dict()
+    del saved["train"]["seed"], saved["model"]["dtype"]  # as if added after the run
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    _, got = stage_config(tmp_path)
+    assert got.train.seed == load_config(EXPERIMENTS / f"{name}.py").train.seed
+    assert got.optimizer.lr == 1.234e-4 and "dtype" in got.model
+    lm.validate(got, num_devices=1, load_files=False)
