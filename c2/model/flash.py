@@ -48,6 +48,28 @@ def _pad(x: jax.Array, n: int, value) -> jax.Array:
     return jnp.pad(x, width, constant_values=value)
 
 
+def block_loop(n: int, body, init):
+    """`body(i, carry)` for i = 0 .. n-1, as a `while_loop`, never a `scan`.
+
+    `lax.fori_loop` with static bounds lowers to a scan. When the model's layer stack (itself a
+    `lax.scan`) is differentiated, the outer scan's partial evaluation reaches through this
+    module's custom_vjp into such inner scans and keeps every iteration's intermediates as
+    residuals: each (query block, key block) pair's scores and mask, stacked, i.e. the whole
+    [T, S] score matrix this module exists to avoid (549 GB per device for Kimi-K2 at 32k
+    tokens; `python -m c2.bench.plan`). A while loop is never partially evaluated (nor
+    differentiated: these loops only run inside the custom_vjp's forward and backward), so the
+    only residuals are the custom_vjp's own (q, k, v, output, log-sum-exp)."""
+
+    def cond(carry):
+        return carry[0] < n
+
+    def step(carry):
+        i, value = carry
+        return i + 1, body(i, value)
+
+    return jax.lax.while_loop(cond, step, (jnp.int32(0), init))[1]
+
+
 def _blocks(n: int, block: int) -> tuple[int, int]:
     """(block size, number of blocks) covering n rows; the block never exceeds n."""
     if block <= 0:
@@ -168,10 +190,10 @@ def forward_blocks(state, qp, kvp, scale: float):
             vis = _visible(qs, qx, ksb[j], kib[j])
             return jax.lax.cond(vis, compute, lambda c: c, carry)
 
-        row = jax.lax.fori_loop(0, kb.shape[0], kv_step, tuple(x[i] for x in state))
+        row = block_loop(kb.shape[0], kv_step, tuple(x[i] for x in state))
         return tuple(x.at[i].set(r) for x, r in zip(state, row))
 
-    return jax.lax.fori_loop(0, qb.shape[0], q_step, state)
+    return block_loop(qb.shape[0], q_step, state)
 
 
 def finish_state(state):
@@ -209,10 +231,10 @@ def backward_blocks(grads, qp, dob, lseb, deltab, kvp, scale: float):
             vis = _visible(qsb[i], qib[i], ks, kx)
             return jax.lax.cond(vis, compute, lambda c: c, carry)
 
-        dq, dk_j, dv_j = jax.lax.fori_loop(0, qb.shape[0], q_step, (dq, dk[j], dv[j]))
+        dq, dk_j, dv_j = block_loop(qb.shape[0], q_step, (dq, dk[j], dv[j]))
         return dq, dk.at[j].set(dk_j), dv.at[j].set(dv_j)
 
-    return jax.lax.fori_loop(0, kb.shape[0], kv_step, grads)
+    return block_loop(kb.shape[0], kv_step, grads)
 
 
 def zero_grads(qp, kvp):

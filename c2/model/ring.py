@@ -54,7 +54,7 @@ def _ring_fwd(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv, axi
         return nxt, flash.forward_blocks(state, qp, kvp, scale)
 
     # n hops: the last one brings every chunk home (unused; it overlaps the last compute).
-    _, state = jax.lax.fori_loop(0, n, hop, (kvp, flash.init_state(qp, v.shape[-1])))
+    _, state = flash.block_loop(n, hop, (kvp, flash.init_state(qp, v.shape[-1])))
     o, lse = flash.finish_state(state)
     out = flash.merge_q(o, q.shape[1]).astype(q.dtype)
     return out, (q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse)
@@ -74,7 +74,7 @@ def _ring_bwd(scale, block_q, block_kv, axis_name, n, res, do):
         dk, dv = _shift((dk, dv), axis_name, n)
         return nxt, (dq, dk, dv)
 
-    _, (dq, dk, dv) = jax.lax.fori_loop(0, n, hop, (kvp, flash.zero_grads(qp, kvp)))
+    _, (dq, dk, dv) = flash.block_loop(n, hop, (kvp, flash.zero_grads(qp, kvp)))
     T, S = q.shape[1], k.shape[1]
     return (
         flash.merge_q(dq, T).astype(q.dtype),
