@@ -98,6 +98,13 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.train.mtp_distill = "kl"
     c.train.balance_weight = 0.0
     c.train.router_bias_rate = 1e-3
+    # Sequence positions per chunk of the LM head + cross-entropy + MTP distillation (0: off,
+    # the whole [batch, seq, vocab] float32 logits at once). On, the loss runs over chunks of
+    # positions with each chunk's logits recomputed in the backward pass, so the step never
+    # holds the whole logits, their softmax or their gradient: at Kimi-K2's vocabulary of
+    # 163,840 and 65,536 tokens per device that is 43 GB per copy (c2.bench.plan). Must divide
+    # data.seq_len; the same values as off, one more head matmul per MTP depth.
+    c.train.loss_chunk_tokens = 0
     c.train.progress_bar = True
     c.train.measure_peak = True  # measure the matmul peak once, for MFU
     return c
@@ -236,6 +243,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         "train.mtp_weight",
         "train.balance_weight",
         "train.router_bias_rate",
+        "train.loss_chunk_tokens",
         "optimizer.lr",
         "optimizer.warmup_steps",
         "optimizer.weight_decay",
@@ -244,6 +252,12 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         "model.yarn.factor",
         allow_zero=True,
     )
+    chunk = config.train.loss_chunk_tokens
+    if chunk and config.data.seq_len % chunk:
+        raise ConfigError(
+            f"config.train.loss_chunk_tokens={chunk}: must divide config.data.seq_len="
+            f"{config.data.seq_len} (0 turns chunking off)"
+        )
     if not 0.0 < config.optimizer.decay_fraction <= 1.0:
         raise ConfigError(
             f"config.optimizer.decay_fraction: expected in (0, 1], got "

@@ -20,10 +20,11 @@ from c2 import distributed, sharding
 from c2 import model as model_lib
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
+from c2.model.layers import rms_norm
 from c2.train.bpb import forward_on_batch, heldout_bpb
 from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task
-from c2.train.losses import mtp_distillation, next_token_loss
+from c2.train.losses import chunked_lm_sums, mtp_distillation, next_token_loss
 from c2.train.optimizer import path_str
 
 log = logging.getLogger(__name__)
@@ -128,11 +129,24 @@ def router_stats(expert_load_LE: jax.Array, dropped, n_assignments) -> dict[str,
 
 
 def lm_loss(params, batch, rng, *, cfg: model_lib.ModelConfig, tc, mesh):
-    """Next-token CE (+ mtp_weight * MTP self-distillation + balance_weight * balance loss)."""
+    """Next-token CE (+ mtp_weight * MTP self-distillation + balance_weight * balance loss).
+
+    With `tc.loss_chunk_tokens` the LM head and both losses run over chunks of positions
+    (`chunked_lm_sums`): the same values, no [B, T, V] float32 logits in the step."""
     del rng  # no dropout: the step is a deterministic function of params and batch
-    logits_BTV, aux = forward_on_batch(params, batch, cfg, mesh)
     mask_BT = batch["loss_mask"].astype(jnp.float32)
-    ce, nll_sum, n_tokens = next_token_loss(logits_BTV, batch["targets"], mask_BT)
+    if tc.loss_chunk_tokens:
+        ce, nll_sum, n_tokens, mtp_loss, mtp_metrics, aux = _chunked_losses(
+            params, batch, cfg, tc, mesh
+        )
+    else:
+        logits_BTV, aux = forward_on_batch(params, batch, cfg, mesh)
+        ce, nll_sum, n_tokens = next_token_loss(logits_BTV, batch["targets"], mask_BT)
+        if cfg.mtp_depth:
+            mtp_DBTV = model_lib.mtp_logits(params, aux, cfg)
+            mtp_loss, mtp_metrics = mtp_distillation(
+                mtp_DBTV, logits_BTV, batch["segment_ids"], mask_BT, tc.mtp_distill
+            )
     n_bytes = jnp.sum(batch["target_bytes"].astype(jnp.float32) * mask_BT)
     loss = ce
     metrics = {
@@ -141,10 +155,6 @@ def lm_loss(params, batch, rng, *, cfg: model_lib.ModelConfig, tc, mesh):
         "target_tokens": n_tokens,
     }
     if cfg.mtp_depth:
-        mtp_DBTV = model_lib.mtp_logits(params, aux, cfg)
-        mtp_loss, mtp_metrics = mtp_distillation(
-            mtp_DBTV, logits_BTV, batch["segment_ids"], mask_BT, tc.mtp_distill
-        )
         loss = loss + tc.mtp_weight * mtp_loss
         metrics |= {"mtp_loss": mtp_loss} | {
             k: v for k, v in mtp_metrics.items() if not k.endswith("_positions")
@@ -156,6 +166,48 @@ def lm_loss(params, batch, rng, *, cfg: model_lib.ModelConfig, tc, mesh):
         n_assign = jnp.sum(batch["segment_ids"] != 0) * cfg.n_experts_per_token * cfg.n_moe_layers
         metrics |= router_stats(aux["expert_load"], aux["dropped"], n_assign)
     return loss, (metrics, {"expert_load": aux.get("expert_load")})
+
+
+def _chunked_losses(params, batch, cfg: model_lib.ModelConfig, tc, mesh):
+    """`lm_loss`'s CE and MTP distillation by `chunked_lm_sums`: (ce, nll sum, target tokens,
+    MTP loss, MTP metrics as `mtp_distillation` gives them, aux). The model's own logits are
+    never used, so XLA drops them."""
+    _, aux = model_lib.forward(
+        params,
+        batch["inputs"],
+        cfg,
+        positions=batch["positions"],
+        segment_ids=batch["segment_ids"],
+        mesh=mesh,
+        return_hidden=True,
+    )
+    eps = cfg.rms_norm_eps
+    mtp_h = None
+    if cfg.mtp_depth:
+        mtp_h = jax.vmap(lambda h, w: rms_norm(h, w, eps))(aux["mtp_hidden"], params["mtp"]["norm"])
+    sums = chunked_lm_sums(
+        lambda h: model_lib.lm_head(params, h, cfg),
+        rms_norm(aux["hidden"], params["final_norm"], eps),
+        batch["targets"],
+        batch["loss_mask"],
+        int(tc.loss_chunk_tokens),
+        mtp_h_DBTH=mtp_h,
+        segment_ids_BT=batch["segment_ids"],
+        kind=tc.mtp_distill,
+    )
+    nll_sum, n_tokens = sums["nll_sum"], sums["tokens"]
+    ce = nll_sum / jnp.maximum(n_tokens, 1.0)
+    mtp_loss, mtp_metrics = None, {}
+    if cfg.mtp_depth:
+        losses = []
+        for d in range(1, cfg.mtp_depth + 1):
+            n_valid = jnp.maximum(sums[f"mtp{d}_positions"], 1.0)
+            losses.append(sums[f"mtp{d}_loss_sum"] / n_valid)
+            mtp_metrics[f"mtp{d}_loss"] = losses[-1]
+            mtp_metrics[f"mtp{d}_acceptance"] = sums[f"mtp{d}_accepted"] / n_valid
+            mtp_metrics[f"mtp{d}_positions"] = sums[f"mtp{d}_positions"]
+        mtp_loss = jnp.mean(jnp.stack(losses))
+    return ce, nll_sum, n_tokens, mtp_loss, mtp_metrics, aux
 
 
 @functools.cache

@@ -86,3 +86,92 @@ def mtp_distillation(
 def bits_per_byte(nll_sum_nats, n_bytes):
     """Total nll in nats over the bytes those targets stand for, in bits per byte."""
     return nll_sum_nats / (math.log(2.0) * jnp.maximum(n_bytes, 1))
+
+
+def chunked_lm_sums(
+    head,
+    h_BTH: jax.Array,
+    targets_BT: jax.Array,
+    loss_mask_BT: jax.Array,
+    chunk_tokens: int,
+    *,
+    mtp_h_DBTH: jax.Array | None = None,
+    segment_ids_BT: jax.Array | None = None,
+    kind: str = "kl",
+) -> dict[str, jax.Array]:
+    """The sums behind `next_token_loss` and `mtp_distillation`, the [B, T, V] float32 logits
+    never whole: the LM head and the softmaxes run over `chunk_tokens` sequence positions at a
+    time (every row of the batch at once) in a `lax.scan` whose body is rematerialised, so the
+    forward keeps no logits and the backward recomputes one chunk's at a time.
+
+    `head(h)` maps normed hidden states [..., H] to float32 logits [..., V]; `h_BTH` is the main
+    model's final normed hidden state, `mtp_h_DBTH` the MTP modules' normed ones (depth d at t
+    predicts what the main head at t+d does: the teacher is the main head applied to h at t+d,
+    recomputed per chunk under stop_gradient, one head matmul per depth more than the unchunked
+    path). Chunk j holds positions t = c * (T / chunk_tokens) + j (c < chunk_tokens): strided, so
+    a sequence split over the `context` mesh axis gives every shard an equal slice of each chunk
+    and the scan axis is never sharded. Returns nll_sum and tokens, and per depth d (1-based)
+    mtp{d}_loss_sum, mtp{d}_accepted and mtp{d}_positions.
+    """
+    B, T, _ = h_BTH.shape
+    chex.assert_shape((targets_BT, loss_mask_BT), (B, T))
+    if chunk_tokens <= 0 or T % chunk_tokens:
+        raise ValueError(
+            f"config.train.loss_chunk_tokens={chunk_tokens}: must be > 0 and divide the sequence "
+            f"length {T}"
+        )
+    if kind not in ("kl", "ce"):
+        raise ValueError(f"config.train.mtp_distill: expected 'kl' or 'ce', got {kind!r}")
+    n_chunks = T // chunk_tokens
+    mask_BT = loss_mask_BT.astype(jnp.float32)
+    rows = {"h": h_BTH, "targets": targets_BT.astype(jnp.int32), "mask": mask_BT}
+    depths = 0 if mtp_h_DBTH is None else mtp_h_DBTH.shape[0]
+    if depths:
+        chex.assert_shape(mtp_h_DBTH, (depths, B, T, h_BTH.shape[-1]))
+        teacher_h_BTH = jax.lax.stop_gradient(h_BTH)
+        for d in range(1, depths + 1):
+            if d >= T:
+                raise ValueError(f"MTP depth {d} needs sequences longer than {T}")
+            # Row t holds the teacher at t+d; the last d rows have none (valid is False there).
+            rows[f"teacher{d}"] = jnp.pad(teacher_h_BTH[:, d:], ((0, 0), (0, d), (0, 0)))
+            rows[f"student{d}"] = mtp_h_DBTH[d - 1]
+            rows[f"valid{d}"] = jnp.pad(
+                mtp_valid_BT(segment_ids_BT, loss_mask_BT, d).astype(jnp.float32),
+                ((0, 0), (0, d)),
+            )
+
+    def to_chunks(x):  # [B, T, ...] -> [n_chunks, B, chunk_tokens, ...], t = c * n_chunks + j
+        x = x.reshape(B, chunk_tokens, n_chunks, *x.shape[2:])
+        return jnp.moveaxis(x, 2, 0)
+
+    def chunk_sums(r):
+        out = {}
+        nll_BC = token_nll_BT(head(r["h"]), r["targets"])
+        out["nll_sum"] = jnp.sum(nll_BC * r["mask"])
+        out["tokens"] = jnp.sum(r["mask"])
+        for d in range(1, depths + 1):
+            valid = r[f"valid{d}"]
+            t_logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(r[f"teacher{d}"])), axis=-1)
+            s_logits = head(r[f"student{d}"])
+            s_logp = jax.nn.log_softmax(s_logits, axis=-1)
+            t_p = jnp.exp(t_logp)
+            per_pos = -jnp.sum(t_p * s_logp, axis=-1)
+            if kind == "kl":
+                per_pos = per_pos + jnp.sum(t_p * t_logp, axis=-1)
+            agree = jnp.argmax(s_logits, -1) == jnp.argmax(t_logp, -1)
+            out[f"mtp{d}_loss_sum"] = jnp.sum(per_pos * valid)
+            out[f"mtp{d}_accepted"] = jnp.sum(agree * valid)
+            out[f"mtp{d}_positions"] = jnp.sum(valid)
+        return out
+
+    @jax.checkpoint
+    def body(acc, r):
+        return jax.tree.map(jnp.add, acc, chunk_sums(r)), None
+
+    chunks = jax.tree.map(to_chunks, rows)
+    zeros = jax.tree.map(
+        lambda s: jnp.zeros((), s.dtype),
+        jax.eval_shape(chunk_sums, jax.tree.map(lambda x: x[0], chunks)),
+    )
+    sums, _ = jax.lax.scan(body, zeros, chunks)
+    return sums
