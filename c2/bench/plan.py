@@ -28,14 +28,35 @@ The RL config is planned as its training micro-batch (`rl.micro_batch_size` sequ
 longest `rl.seq_buckets` length) under the language-model loss: the policy-gradient loss has the
 same forward/backward and a few [B, T] arrays more.
 
-CPU compilation stands in for the GPU's: the buffer assignment and fusion differ, the CPU runs the
-padded expert exchange and the tiled grouped matmul, so the numbers are a close estimate, not a
-measurement on the GPU. The last line printed is JSON with `per_device_bytes` and `fits`.
+The expert grouped matmul: XLA:CPU lowers `ragged_dot` / `ragged_dot_general` to a dense
+[G, M, N] product masked per group (G = 48 local experts at Kimi-K2's layout: 840 GiB for one
+[48, 655360, 7168] float32 array), buffers and FLOPs a GPU grouped GEMM never has; compiled as
+it is, the reduced CPT step reads 5.3 TB of temporaries. So the plan (and only the plan: training
+never enters `grouped_gemm_standin`) compiles a stand-in for it (`--grouped_gemm standin`, the
+default; `xla` keeps the CPU lowering):
+  - preserved: every operand and result shape and dtype (forward y [M, N] in x's dtype; backward
+    dx [M, K], dw [G, K, N] in w's dtype; MXFP8: the quantise/dequantise of every operand, which
+    is real work, stays as it is); the FLOPs of a grouped GEMM over M rows, 2 M K N per GEMM
+    (forward, input gradient, weight gradient), plus G K N adds; no buffer larger than an
+    operand or a result.
+  - not preserved: the values. The forward multiplies x by the sum of the groups' weights, the
+    weight gradient is x^T dy broadcast to every group; the rows are not split by group.
+`tests/bench/test_plan_standin.py` checks shapes, dtypes and cost_analysis FLOPs against the real
+op (one group, where XLA:CPU's ragged_dot is the dense GEMM). The whole-model comparison in
+`tests/bench/test_plan.py` compiles both sides with the stand-in: it checks the layer scaling,
+which must hold for whatever the grouped matmul compiles to, and without the stand-in the small
+model's temporaries would be mostly the CPU's expansion.
+
+CPU compilation stands in for the GPU's: the buffer assignment and fusion differ (XLA:CPU keeps
+some elementwise intermediates of the MXFP8 quantise that a GPU fusion would not), the CPU runs
+the padded expert exchange, so the numbers are a close estimate, not a measurement on the GPU.
+The last line printed is JSON with `per_device_bytes` and `fits`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -44,6 +65,7 @@ import re
 import sys
 import time
 
+GROUPED_GEMM = ("standin", "xla")
 COLLECTIVES = ("all-gather", "all-to-all", "reduce-scatter", "all-reduce", "collective-permute")
 _COLLECTIVE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
@@ -81,6 +103,88 @@ def _shape_bytes(text: str) -> int:
         n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
         total += n * sizes.get(dt, 4)
     return total
+
+
+# The grouped-GEMM stand-in ----------------------------------------------------------------------
+
+
+def _standin_dot(x_MK, w_GKN, group_sizes_G=None):
+    """[M, K] x [G, K, N] -> [M, N] float32 as one dense dot against the sum of the groups'
+    weights: 2 M K N FLOPs (what a grouped GEMM does for M rows) plus G K N adds that keep every
+    weight element read (so an MXFP8 quantise of the weights is not trimmed to one group)."""
+    del group_sizes_G
+    return _dot_f32(x_MK, w_GKN.sum(0))
+
+
+def _dot_f32(a, b):
+    import jax.numpy as jnp
+
+    return jnp.dot(a, b, preferred_element_type=jnp.float32)
+
+
+def _standin_xt_dy(x_MK, dy_MN, group_sizes_G):
+    """The weight gradient [G, K, N] float32 of a grouped GEMM (dw[g] = x_g.T dy_g): one
+    [K, M] x [M, N] dot, 2 M K N FLOPs, broadcast to the G groups (every group gets the sum)."""
+    import jax.numpy as jnp
+
+    G = group_sizes_G.shape[0]
+    return jnp.broadcast_to(_dot_f32(x_MK.T, dy_MN), (G, *x_MK.shape[1:], dy_MN.shape[1]))
+
+
+def _make_standin_ragged():
+    """moe._ragged for bf16 experts: the stand-in with a custom VJP (dx, dw; none for sizes)."""
+    import jax
+
+    @jax.custom_vjp
+    def ragged(x_MK, w_GKN, group_sizes_G):
+        return _standin_dot(x_MK, w_GKN).astype(x_MK.dtype)
+
+    def fwd(x_MK, w_GKN, group_sizes_G):
+        return ragged(x_MK, w_GKN, group_sizes_G), (x_MK, w_GKN, group_sizes_G)
+
+    def bwd(res, dy_MN):
+        x_MK, w_GKN, group_sizes_G = res
+        dx = _dot_f32(dy_MN, w_GKN.sum(0).T).astype(x_MK.dtype)
+        dw = _standin_xt_dy(x_MK, dy_MN, group_sizes_G).astype(w_GKN.dtype)
+        return dx, dw, None
+
+    ragged.defvjp(fwd, bwd)
+    return ragged
+
+
+def _grouped_gemm(kind: str):
+    return grouped_gemm_standin() if kind == "standin" else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def grouped_gemm_standin():
+    """While active (tracing for the plan only; training never enters it), the expert grouped
+    matmuls compile as stand-ins with a GPU grouped GEMM's buffers and FLOPs (see the module
+    doc): `c2.model.moe._ragged` (bf16 experts) and, inside `mxfp8_ragged_dot`'s custom VJP,
+    `c2.quant.mxfp8._ragged_f32` (forward and input gradient) and `_grouped_xt_dy` (weight
+    gradient). The MXFP8 quantise/dequantise around them is kept as it is."""
+    import jax.numpy as jnp
+
+    from c2.model import moe
+    from c2.quant import mxfp8
+
+    standin_bf16 = _make_standin_ragged()
+    real_ragged = moe._ragged
+
+    def ragged(x, w, group_sizes, c):
+        if c.quant == "mxfp8":
+            return real_ragged(x, w, group_sizes, c)
+        dtype = jnp.dtype(c.dtype)
+        return standin_bf16(x.astype(dtype), w.astype(dtype), group_sizes)
+
+    saved = (moe._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy)
+    moe._ragged = ragged
+    mxfp8._ragged_f32 = _standin_dot
+    mxfp8._grouped_xt_dy = _standin_xt_dy
+    try:
+        yield
+    finally:
+        moe._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy = saved
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
@@ -217,14 +321,24 @@ def reduced(cfg, n_dense: int, n_moe: int):
 
 
 def plan(
-    config, *, device_memory_gb: float = 141.0, mesh=None, paths: str | None = "gpu", log=print
+    config,
+    *,
+    device_memory_gb: float = 141.0,
+    mesh=None,
+    paths: str | None = "gpu",
+    grouped_gemm: str = "standin",
+    log=print,
 ) -> dict:
     """The per-device plan of one training step of `config` (see the module docstring).
 
     `paths`: the backend whose code paths are traced (c2.quant.target): "gpu" (default) compiles
     the GPU's layout on the CPU devices (`ragged_dot` experts, bf16 MXFP8 operands; the padded
     expert exchange, since XLA:CPU cannot compile `ragged_all_to_all`); None keeps the CPU's.
+    `grouped_gemm`: "standin" (default) compiles the expert grouped matmuls as
+    `grouped_gemm_standin`'s ops, "xla" as XLA:CPU lowers them (dense [G, M, N] expansions).
     """
+    if grouped_gemm not in GROUPED_GEMM:
+        raise ValueError(f"grouped_gemm={grouped_gemm!r}: expected one of {GROUPED_GEMM}")
     import jax
 
     from c2.quant import target
@@ -249,7 +363,8 @@ def plan(
     log(
         f"config {stage.name}: mesh {mesh_sizes}, batch {batch} x {seq} tokens, "
         f"{n_dense} dense + {n_moe} MoE layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, "
-        f"quant {cfg.quant}, attention {getattr(cfg, 'attention_impl', 'xla')}"
+        f"quant {cfg.quant}, attention {getattr(cfg, 'attention_impl', 'xla')}, grouped GEMM "
+        f"{grouped_gemm}, loss_chunk_tokens {stage.train.loss_chunk_tokens}"
     )
     runs = {}
     variants = [(base_d, base_m)]
@@ -258,7 +373,7 @@ def plan(
     if n_dense > 1:
         variants.append((2, base_m))
     for nd, nm in variants:
-        with target.as_backend(paths):
+        with target.as_backend(paths), _grouped_gemm(grouped_gemm):
             m = measure(reduced(cfg, nd, nm), stage, mesh, batch, seq)
         runs[(nd, nm)] = m
         log(
@@ -331,6 +446,8 @@ def plan(
         "remat": cfg.remat,
         "attention_impl": getattr(cfg, "attention_impl", "xla"),
         "paths": paths or "native",
+        "grouped_gemm": grouped_gemm,
+        "loss_chunk_tokens": int(stage.train.loss_chunk_tokens),
         "param_bytes": param_bytes,
         "optimizer_bytes": opt_bytes,
         "batch_bytes": batch_bytes,
@@ -371,10 +488,22 @@ def main(argv=None) -> dict:
         help="override a model field for the plan, e.g. remat=false (repeatable)",
     )
     ap.add_argument(
+        "--loss_chunk_tokens",
+        type=int,
+        default=None,
+        help="override config.train.loss_chunk_tokens for the plan (0: whole logits)",
+    )
+    ap.add_argument(
         "--paths",
         default="gpu",
         choices=("gpu", "native"),
         help="trace the GPU's code paths (default) or the CPU's own",
+    )
+    ap.add_argument(
+        "--grouped_gemm",
+        default="standin",
+        choices=GROUPED_GEMM,
+        help="expert grouped matmuls as the GPU-sized stand-in (default) or XLA:CPU's lowering",
     )
     args = ap.parse_args(argv)
     from c2.train.config import load_config
@@ -384,9 +513,13 @@ def main(argv=None) -> dict:
     for item in args.set:
         key, _, value = item.partition("=")
         config.model.overrides[key] = _parse_value(value)
+    if args.loss_chunk_tokens is not None:
+        config.train.loss_chunk_tokens = args.loss_chunk_tokens
     _ensure_devices(_mesh_size(stage_shapes(config)[0]))
     paths = None if args.paths == "native" else args.paths
-    result = plan(config, device_memory_gb=args.device_memory_gb, paths=paths)
+    result = plan(
+        config, device_memory_gb=args.device_memory_gb, paths=paths, grouped_gemm=args.grouped_gemm
+    )
     print(json.dumps(result, sort_keys=True))
     sys.stdout.flush()
     return result
