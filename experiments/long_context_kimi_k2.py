@@ -65,5 +65,9 @@ def get_config(arg=None):
     c.train.eval_every = 100
     c.train.log_every = 1
     c.train.mtp_weight = 0.3
+    # The LM head + losses over chunks of positions (2,048 per GPU: each chunk is spread over the
+    # context shards): the whole [tokens, vocab] float32 logits (21 GB per copy per GPU at 32,768
+    # tokens x 163,840) never exist (c2.bench.plan).
+    c.train.loss_chunk_tokens = 16384
     c.train.progress_bar = False
     return c

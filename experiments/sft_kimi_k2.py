@@ -52,5 +52,8 @@ def get_config(arg=None):
     c.train.eval_every = 100
     c.train.log_every = 10
     c.train.mtp_weight = 0.3
+    # The LM head + losses over chunks of positions: the whole [tokens, vocab] float32 logits
+    # (43 GB per copy per GPU at 65,536 tokens x 163,840) never exist (c2.bench.plan).
+    c.train.loss_chunk_tokens = 2048
     c.train.progress_bar = False
     return c
