@@ -4,9 +4,12 @@ self-summarisation, prompt-based compaction, or no context management (c2/rl/epi
 A notes task (c2/envs/notes.py, level "fixed", 4 notes of ~80 bytes) takes ~1,230 tokens from
 prompt to submit; the context here is 1,024, so an episode only finishes as a chain of segments.
 At the trigger (700 tokens, or sooner if no summary would fit after the next observation) the
-agent either writes its own summary ("self_summary", trained like any other action), or the run
-starts the next segment from a digest of its tool calls and their last output ("compaction"),
-or ("none") the context ends the episode. Every segment of a chain gets the chain's advantage.
+agent either writes its own summary ("self_summary", trained like any other action; budget 96
+tokens), or the run starts the next segment from a digest of its tool calls and their last
+output ("compaction"), or ("none") the context ends the episode. Every segment of a chain gets
+the chain's advantage. With byte tokens the reference chain cuts after the second and the
+fourth read (3 segments); the last reply writes the file and submits (~235 tokens, so turns get
+256).
 
 Pick the mode with --config.rl.context_management=self_summary|compaction|none; the comparison
 across modes and seeds is c2/bench/context_management.py (BENCHMARKS.md).

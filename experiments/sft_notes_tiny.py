@@ -5,8 +5,9 @@ notes of ~80 bytes, write total(n) = n + their values and submit in one reply), 
 after one to three reads where the agent is asked for a summary
 (c2.rl.episodes.SUMMARY_INSTRUCTION) and writes it ("Found a = 17, b = 4. Still to read:
 notes/c.txt, notes/d.txt. Then write total.py."), then goes on in a new sequence from the task and
-its summary; every other task also uncut. One conversation per segment (1,500, up to 1,269
-tokens), the loss on the replies and summaries. Held-out batches: the eval split's filler
+its summary; every other task also uncut, every third also cut twice (a summary written in a
+segment that began from one). One conversation per segment (2,100, up to 1,266 tokens), the
+loss on the replies and summaries. Held-out batches: the eval split's filler
 text. This is the start of experiments/rl_notes_tiny.py.
 
 Command:

@@ -26,11 +26,13 @@ reads, with the summary the model should write: SFT data for chains.
 
     python -m c2.envs.notes --out DIR --n N --seed S --split train|eval [--files 3 --note_chars 320
         --level full|fixed]
+    python -m c2.envs.notes --chains --out FILE.jsonl --n N ...   (their oracle chains: SFT data)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 from collections.abc import Sequence
@@ -279,7 +281,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=3)
     p.add_argument("--note_chars", type=int, default=320)
     p.add_argument("--level", choices=LEVELS, default="full")
+    p.add_argument(
+        "--chains",
+        action="store_true",
+        help="write the tasks' oracle chains as agent-SFT conversations (JSONL, one segment per "
+        "line: data.corpus=FILE) to --out instead of the tasks: SFT data of any size",
+    )
     a = p.parse_args(argv)
+    if a.chains:
+        convs = chain_conversations(a.n, a.seed, a.split, a.files, a.note_chars, a.level)
+        out = Path(a.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text("".join(json.dumps(c) + "\n" for c in convs))
+        tmp.replace(out)  # never a half-written file under the name
+        print(f"wrote {len(convs)} conversations of {a.n} tasks to {out}")
+        return 0
     tasks = generate_notes_tasks(a.out, a.n, a.seed, a.split, a.files, a.note_chars, a.level)
     print(f"wrote {len(tasks)} tasks to {a.out}")
     return 0

@@ -126,3 +126,18 @@ def test_sft_data_renders_the_ids_the_runner_feeds(tmp_path):
             for (a, ma), (b, mb) in zip(got, want):
                 np.testing.assert_array_equal(a, b)
                 np.testing.assert_array_equal(ma, mb)
+
+
+def test_chains_cli_writes_sft_data_of_any_size(tmp_path):
+    """`python -m c2.envs.notes --chains` writes the oracle chains as agent-SFT JSONL
+    (data.corpus=FILE): the same conversations chain_conversations gives, every one loadable."""
+    from c2.data.sft import load_sft_jsonl
+    from c2.envs.notes import chain_conversations, main
+
+    out = tmp_path / "sft" / "chains.jsonl"
+    args = ["--chains", "--out", str(out), "--n", "7", "--seed", "3", "--files", "4"]
+    assert main([*args, "--note_chars", "80", "--level", "fixed"]) == 0
+    want = chain_conversations(7, 3, "train", 4, 80, "fixed")
+    assert load_sft_jsonl(str(out)) == want
+    assert len(want) == 2 * 7 + 3 + 3 * 3  # cut once (2 segments), 3 uncut, 3 cut twice
+    assert not list(out.parent.glob("*.tmp"))
