@@ -9,13 +9,20 @@ config's remat policy, optimiser, dtypes, quantisation, attention and expert-exc
 the config's real mesh on simulated CPU devices (`--xla_force_host_platform_device_count` set to
 the mesh size before JAX starts), with abstract inputs only (`jax.ShapeDtypeStruct`: nothing is
 allocated). The model is reduced to a few layers at real widths (vocabulary, d_model, experts,
-heads): one dense and one MoE layer (plus the MTP module, which the real model has once), then one
-dense and two MoE layers (and two dense ones when the model has more than one), so that a layer's
-increment is measured, not guessed. Every per-layer quantity is then scaled by the layer counts:
+heads): d0 = min(n_dense, 2) dense and m0 = min(n_moe, 2) MoE layers (plus the MTP module, which
+the real model has once), then one MoE layer more (and one dense layer more when the model has
+more than d0), so that a layer's increment is measured, not guessed. Every per-layer quantity is
+then scaled by the layer counts:
 
-    X(full) = X(1, 1) + (n_moe - 1) [X(1, 2) - X(1, 1)] + (n_dense - 1) [X(2, 1) - X(1, 1)]
+    X(full) = X(d0, m0) + (n_moe - m0) [X(d0, m0+1) - X(d0, m0)]
+                        + (n_dense - d0) [X(d0+1, m0) - X(d0, m0)]
 
-(X(d, m): the step compiled with d dense and m MoE layers)
+(X(d, m): the step compiled with d dense and m MoE layers). Two layers, not one: XLA removes a
+layer loop of one trip, and in the straight-line code that is left the recomputation of a
+`jax.checkpoint(prevent_cse=False)` layer is merged with its forward, so remat is lost; a group
+the real model has once (Kimi-K2's one dense layer) is measured as it is. The layer loop is
+traced rolled, as on the GPU (`as_backend("gpu")`; XLA:CPU runs unroll it, with the same loss of
+remat).
 
 for the temporary bytes (activations kept for the backward pass plus the working set), the FLOPs
 and the collectives. Parameter and optimiser bytes are exact from the full model's shard shapes.
@@ -297,11 +304,31 @@ def compile_step(cfg, config, mesh, batch: int, seq: int):
     return jitted.lower(params, opt, rng, step, data).compile()
 
 
+@contextlib.contextmanager
+def unrolled_layers():
+    """While active (tracing for the plan only), the layer scans are unrolled: XLA's
+    cost_analysis counts a while loop's body once, whatever its trip count, so FLOPs and the
+    collectives in the HLO are read from a compile in which every layer is its own code."""
+    from c2.model import transformer
+
+    rolled = transformer._unroll_layers
+    transformer._unroll_layers = lambda: True
+    try:
+        yield
+    finally:
+        transformer._unroll_layers = rolled
+
+
 def measure(cfg, config, mesh, batch: int, seq: int) -> Measured:
+    """Two compiles of the step: the layer loops rolled, as on the GPU, for the memory (remat
+    holds only there); unrolled for the FLOPs and collectives. Unrolled, XLA merges remat's
+    recomputed forward with the forward, so those FLOPs leave out the recomputation (one
+    forward per rematerialised layer)."""
     t0 = time.perf_counter()
-    compiled = compile_step(cfg, config, mesh, batch, seq)
+    mem = compile_step(cfg, config, mesh, batch, seq).memory_analysis()
+    with unrolled_layers():
+        compiled = compile_step(cfg, config, mesh, batch, seq)
     dt = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     return Measured(
@@ -359,7 +386,9 @@ def plan(
 
             mesh = sharding.make_mesh(**mesh_sizes, devices=jax.devices()[:n_dev])
     n_dense, n_moe = cfg.first_k_dense, cfg.n_moe_layers
-    base_d, base_m = min(n_dense, 1), min(n_moe, 1)
+    # Each layer group is measured at >= 2 layers when the model has that many: XLA simplifies a
+    # one-trip layer loop away, and the straight-line code then loses remat (see module doc).
+    base_d, base_m = min(n_dense, 2), min(n_moe, 2)
     log(
         f"config {stage.name}: mesh {mesh_sizes}, batch {batch} x {seq} tokens, "
         f"{n_dense} dense + {n_moe} MoE layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, "
@@ -368,10 +397,10 @@ def plan(
     )
     runs = {}
     variants = [(base_d, base_m)]
-    if n_moe > 1:
-        variants.append((base_d, 2))
-    if n_dense > 1:
-        variants.append((2, base_m))
+    if n_moe > base_m:
+        variants.append((base_d, base_m + 1))
+    if n_dense > base_d:
+        variants.append((base_d + 1, base_m))
     for nd, nm in variants:
         with target.as_backend(paths), _grouped_gemm(grouped_gemm):
             m = measure(reduced(cfg, nd, nm), stage, mesh, batch, seq)
@@ -386,9 +415,9 @@ def plan(
         "flops": 0.0,
         "collectives": {k: {"count": 0, "bytes": 0} for k in COLLECTIVES},
     }
-    d_moe = runs[(base_d, 2)].minus(base) if n_moe > 1 else zero
-    d_dense = runs[(2, base_m)].minus(base) if n_dense > 1 else zero
-    k_moe, k_dense = max(n_moe - 1, 0), max(n_dense - 1, 0)
+    d_moe = runs[(base_d, base_m + 1)].minus(base) if n_moe > base_m else zero
+    d_dense = runs[(base_d + 1, base_m)].minus(base) if n_dense > base_d else zero
+    k_moe, k_dense = n_moe - base_m, n_dense - base_d
 
     def scaled(key):
         return getattr(base, key) + k_moe * d_moe[key] + k_dense * d_dense[key]
@@ -411,7 +440,11 @@ def plan(
     rparams, ropt, _, _ = abstract_state(reduced(cfg, base_d, base_m), stage, mesh)
     batch_bytes = base.argument - _tree_bytes(rparams) - _tree_bytes(ropt)
     # What remat keeps across layers: each layer's temp increment, times the layers.
-    activations = max(n_moe * d_moe["temp"] + (n_dense * d_dense["temp"] if n_dense > 1 else 0), 0)
+    activations = max(
+        (n_moe * d_moe["temp"] if n_moe > base_m else 0)
+        + (n_dense * d_dense["temp"] if n_dense > base_d else 0),
+        0,
+    )
     working = temp - activations
     # Outputs alias the donated params/optimiser state; whatever is not aliased is extra.
     unaliased_out = max(base.output - base.alias, 0)

@@ -24,6 +24,7 @@ from c2.model.config import ModelConfig
 from c2.model.layers import einsum_f32, linear, mlp, rms_norm
 from c2.model.moe import moe_block
 from c2.model.moe import update_router_bias as _bias_step
+from c2.quant import target
 
 
 def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routing=None, cache=None):
@@ -50,8 +51,10 @@ def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routin
 def _unroll_layers() -> bool:
     """Unroll the layer scan on the CPU: XLA:CPU's while loop copies the stacked residuals of
     the backward pass and zero-fills their buffers every step (BENCHMARKS.md); the CPU runs
-    only small models, so compile time stays small. Other backends keep the rolled loop."""
-    return jax.default_backend() == "cpu"
+    only small models, so compile time stays small. Other backends keep the rolled loop (and
+    so does c2.bench.plan, tracing the GPU's paths on CPU devices: unrolled, remat's
+    recomputation is merged with the forward and every layer's activations are kept)."""
+    return target.backend() == "cpu"
 
 
 def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache):
