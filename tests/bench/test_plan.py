@@ -1,4 +1,4 @@
-"""c2.bench.plan's arithmetic on a small config: the plan compiles 1 dense + 1 MoE and 1 dense + 2
+"""c2.bench.plan's arithmetic on a small config: the plan compiles 1 dense + 2 MoE and 1 dense + 3
 MoE layers and scales by the layer count; the full model compiled whole must agree with it (per
 device bytes within 10%, FLOPs within 2%), on a real 8-device mesh (fsdp 4 x expert 2), both with
 the grouped-GEMM stand-in."""
