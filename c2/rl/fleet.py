@@ -501,6 +501,7 @@ class RayRollouts(orchestrator.Collector):
             replace = self.counts["restarts"] < self.max_restarts and not self._stop.is_set()
             if replace:
                 self.counts["restarts"] += 1
+                self.counts["starting"] += 1  # until its engine is built (can take minutes)
             elif not self._handles:
                 self._error = RuntimeError(
                     f"every rollout worker died ({self.counts['worker_deaths']} deaths, "
@@ -512,9 +513,12 @@ class RayRollouts(orchestrator.Collector):
                 new = self.launch(h.index, h.incarnation + 1)
             except BaseException as e:
                 with self._cond:
+                    self.counts["starting"] -= 1
                     self._error = e
                     self._cond.notify_all()
                 return
+            with self._cond:
+                self.counts["starting"] -= 1
             self._drive_in_thread(new)
 
     # The trainer's side ----------------------------------------------------------------------
@@ -537,6 +541,8 @@ class RayRollouts(orchestrator.Collector):
                 "rollout_errors": float(errors),
                 "fleet/workers": float(len(self._handles)),
                 "fleet/worker_deaths": float(self.counts["worker_deaths"]),
+                "fleet/restarts": float(self.counts["restarts"]),
+                "fleet/starting": float(self.counts["starting"]),  # replacements being built
                 "fleet/regenerated": float(self.counts["regenerated"]),
                 "fleet/refreshed": float(refreshed),
                 "fleet/versions_behind_max": float(

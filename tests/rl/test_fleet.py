@@ -140,6 +140,7 @@ def test_a_dead_workers_episodes_are_played_again_by_a_replacement(tmp_path):
     assert (0, 1) in launched  # the replacement
     m = rollouts.metrics()
     assert m["fleet/worker_deaths"] == 1 and m["fleet/workers"] == 2
+    assert m["fleet/restarts"] == 1 and m["fleet/starting"] == 0  # built and joined
     lost = {(wire[3], wire[4]) for wire in dying.lost}  # what it held when it died
     assert lost
     played = {(x.group_id, x.sample_index): x for step in trained for g in step for x in g.samples}

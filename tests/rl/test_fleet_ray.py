@@ -63,8 +63,11 @@ def test_ray_fleet_survives_a_killed_worker(tmp_path, sandbox):
 
     metrics = read_metrics(workdir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    assert metrics[-1]["fleet/worker_deaths"] == 1
-    assert metrics[-1]["fleet/workers"] == 2  # the replacement joined
+    last = metrics[-1]
+    assert last["fleet/worker_deaths"] == 1 and last["fleet/restarts"] == 1
+    # The replacement joined, or is still building its engine (a loaded machine can finish the
+    # 4 steps on one worker first); it is never lost.
+    assert last["fleet/workers"] + last["fleet/starting"] == 2
     prompts = []
     for s in range(1, steps + 1):
         records = read_rollouts(workdir / "rollouts" / f"step_{s:06d}.jsonl", with_routing=False)
