@@ -22,7 +22,9 @@ from c2 import sharding
 from c2.train.losses import mtp_distillation, next_token_loss
 
 
-def forward_on_batch(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
+def forward_on_batch(
+    params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None, return_hidden: bool = False
+):
     """The model on a packed batch (inputs, positions, segment_ids): (logits, aux)."""
     return model_lib.forward(
         params,
@@ -31,6 +33,7 @@ def forward_on_batch(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | Non
         positions=batch["positions"],
         segment_ids=batch["segment_ids"],
         mesh=mesh,
+        return_hidden=return_hidden,
     )
 
 

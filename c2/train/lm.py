@@ -172,15 +172,7 @@ def _chunked_losses(params, batch, cfg: model_lib.ModelConfig, tc, mesh):
     """`lm_loss`'s CE and MTP distillation by `chunked_lm_sums`: (ce, nll sum, target tokens,
     MTP loss, MTP metrics as `mtp_distillation` gives them, aux). The model's own logits are
     never used, so XLA drops them."""
-    _, aux = model_lib.forward(
-        params,
-        batch["inputs"],
-        cfg,
-        positions=batch["positions"],
-        segment_ids=batch["segment_ids"],
-        mesh=mesh,
-        return_hidden=True,
-    )
+    _, aux = forward_on_batch(params, batch, cfg, mesh, return_hidden=True)
     eps = cfg.rms_norm_eps
     mtp_h = None
     if cfg.mtp_depth:

@@ -37,6 +37,24 @@ def mtp_valid_BT(segment_ids_BT: jax.Array, loss_mask_BT: jax.Array, depth: int)
     return same_doc & (loss_mask_BT[:, depth:] > 0)
 
 
+def _check_distill_kind(kind: str) -> None:
+    if kind not in ("kl", "ce"):
+        raise ValueError(f"config.train.mtp_distill: expected 'kl' or 'ce', got {kind!r}")
+
+
+def _distill_terms(
+    s_logits: jax.Array, t_logp: jax.Array, kind: str
+) -> tuple[jax.Array, jax.Array]:
+    """Per position: the student's distillation loss against the teacher's log-probabilities
+    (cross-entropy, or KL(teacher||student) for kind "kl") and whether their argmaxes agree."""
+    s_logp = jax.nn.log_softmax(s_logits, axis=-1)
+    t_p = jnp.exp(t_logp)
+    per_pos = -jnp.sum(t_p * s_logp, axis=-1)
+    if kind == "kl":
+        per_pos = per_pos + jnp.sum(t_p * t_logp, axis=-1)
+    return per_pos, jnp.argmax(s_logits, -1) == jnp.argmax(t_logp, -1)
+
+
 def mtp_distillation(
     mtp_logits_DBTV: jax.Array,
     logits_BTV: jax.Array,
@@ -55,8 +73,7 @@ def mtp_distillation(
     D, B, T, V = mtp_logits_DBTV.shape
     chex.assert_shape(logits_BTV, (B, T, V))
     chex.assert_shape((segment_ids_BT, loss_mask_BT), (B, T))
-    if kind not in ("kl", "ce"):
-        raise ValueError(f"config.train.mtp_distill: expected 'kl' or 'ce', got {kind!r}")
+    _check_distill_kind(kind)
     teacher_logp_BTV = jax.nn.log_softmax(
         jax.lax.stop_gradient(logits_BTV).astype(jnp.float32), axis=-1
     )
@@ -65,16 +82,10 @@ def mtp_distillation(
         if d >= T:
             raise ValueError(f"MTP depth {d} needs sequences longer than {T}")
         valid_BT = mtp_valid_BT(segment_ids_BT, loss_mask_BT, d).astype(jnp.float32)
-        t_logp_BTV = teacher_logp_BTV[:, d:]
         s_logits_BTV = mtp_logits_DBTV[d - 1, :, : T - d].astype(jnp.float32)
-        s_logp_BTV = jax.nn.log_softmax(s_logits_BTV, axis=-1)
-        t_p_BTV = jnp.exp(t_logp_BTV)
-        per_pos_BT = -jnp.sum(t_p_BTV * s_logp_BTV, axis=-1)
-        if kind == "kl":
-            per_pos_BT = per_pos_BT + jnp.sum(t_p_BTV * t_logp_BTV, axis=-1)
+        per_pos_BT, agree_BT = _distill_terms(s_logits_BTV, teacher_logp_BTV[:, d:], kind)
         n_valid = jnp.sum(valid_BT)
         loss_d = jnp.sum(per_pos_BT * valid_BT) / jnp.maximum(n_valid, 1.0)
-        agree_BT = jnp.argmax(s_logits_BTV, -1) == jnp.argmax(t_logp_BTV, -1)
         accept_d = jnp.sum(agree_BT * valid_BT) / jnp.maximum(n_valid, 1.0)
         losses.append(loss_d)
         metrics[f"mtp{d}_loss"] = loss_d
@@ -120,8 +131,7 @@ def chunked_lm_sums(
             f"config.train.loss_chunk_tokens={chunk_tokens}: must be > 0 and divide the sequence "
             f"length {T}"
         )
-    if kind not in ("kl", "ce"):
-        raise ValueError(f"config.train.mtp_distill: expected 'kl' or 'ce', got {kind!r}")
+    _check_distill_kind(kind)
     n_chunks = T // chunk_tokens
     mask_BT = loss_mask_BT.astype(jnp.float32)
     rows = {"h": h_BTH, "targets": targets_BT.astype(jnp.int32), "mask": mask_BT}
@@ -152,13 +162,7 @@ def chunked_lm_sums(
         for d in range(1, depths + 1):
             valid = r[f"valid{d}"]
             t_logp = jax.nn.log_softmax(jax.lax.stop_gradient(head(r[f"teacher{d}"])), axis=-1)
-            s_logits = head(r[f"student{d}"])
-            s_logp = jax.nn.log_softmax(s_logits, axis=-1)
-            t_p = jnp.exp(t_logp)
-            per_pos = -jnp.sum(t_p * s_logp, axis=-1)
-            if kind == "kl":
-                per_pos = per_pos + jnp.sum(t_p * t_logp, axis=-1)
-            agree = jnp.argmax(s_logits, -1) == jnp.argmax(t_logp, -1)
+            per_pos, agree = _distill_terms(head(r[f"student{d}"]), t_logp, kind)
             out[f"mtp{d}_loss_sum"] = jnp.sum(per_pos * valid)
             out[f"mtp{d}_accepted"] = jnp.sum(agree * valid)
             out[f"mtp{d}_positions"] = jnp.sum(valid)
