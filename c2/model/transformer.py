@@ -69,7 +69,11 @@ def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache
         return x, (stats, kv)
 
     if c.remat:
-        body = jax.checkpoint(body, prevent_cse=False)
+        # prevent_cse=False is right inside a loop; but XLA removes a loop of one trip (Kimi-K2's
+        # single dense layer), and in the straight-line code left it would merge the backward's
+        # recomputation with the forward, keeping the layer's activations after all.
+        one_layer = jax.tree.leaves(layers)[0].shape[0] == 1
+        body = jax.checkpoint(body, prevent_cse=one_layer)
     kv_stack = None if cache is None else {k: v for k, v in cache.items() if k != "pos"}
     x, (stats, kv_stack) = jax.lax.scan(
         body, x, (layers, routing, kv_stack), unroll=_unroll_layers()
@@ -193,9 +197,15 @@ def _mtp(params, h, tokens, c: ModelConfig, positions, segment_ids, mesh):
     outs = []
     for d in range(c.mtp_depth):
         nxt = jnp.pad(tokens[:, d + 1 :], ((0, 0), (0, d + 1)))  # token t+d+1; tail masked by loss
-        h, _ = mtp_module(
-            params, d, h, nxt, c, positions=positions, segment_ids=segment_ids, mesh=mesh
-        )
+
+        def module(params, h, nxt, d=d):
+            out, _ = mtp_module(
+                params, d, h, nxt, c, positions=positions, segment_ids=segment_ids, mesh=mesh
+            )
+            return out
+
+        # Rematerialised like the layers: each module is a whole (MoE) block outside the scan.
+        h = (jax.checkpoint(module) if c.remat else module)(params, h, nxt)
         outs.append(h)
     return jnp.stack(outs)
 
