@@ -105,6 +105,10 @@ def stage_defaults() -> ml_collections.ConfigDict:
     # 163,840 and 65,536 tokens per device that is 43 GB per copy (c2.bench.plan). Must divide
     # data.seq_len; the same values as off, one more head matmul per MTP depth.
     c.train.loss_chunk_tokens = 0
+    # Gradient accumulation: the batch runs as this many micro-batches, one at a time, then one
+    # optimiser step (c2.train.step.make_step_fn): activations of one micro-batch at a time.
+    # data.batch_size must be a multiple of it times the batch axes (data x fsdp x expert).
+    c.train.micro_batches = 1
     c.train.progress_bar = True
     c.train.measure_peak = True  # measure the matmul peak once, for MFU
     return c

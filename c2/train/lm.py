@@ -102,6 +102,15 @@ def check_model_against_data(
             f"config.data.batch_size={config.data.batch_size} is not divisible by the batch "
             f"axes {sharding.BATCH_AXES} of total size {batch_axes}"
         )
+    micro = config.train.micro_batches
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ConfigError(f"config.train.micro_batches={micro!r}: expected a positive int")
+    if config.data.batch_size % (micro * batch_axes):
+        raise ConfigError(
+            f"config.data.batch_size={config.data.batch_size} is not divisible by "
+            f"config.train.micro_batches={micro} x the batch axes {sharding.BATCH_AXES} "
+            f"({batch_axes}): each micro-batch needs whole rows on every device"
+        )
 
 
 def validate(config: ml_collections.ConfigDict, num_devices: int, *, load_files: bool = True):

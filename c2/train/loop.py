@@ -182,7 +182,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
             if start >= tc.steps:
                 log.info("%s is already complete at step %d", workdir, start)
             else:
-                step_fn = make_step_fn(task.loss_fn, tx, schedule, task.post_update)
+                step_fn = make_step_fn(
+                    task.loss_fn, tx, schedule, task.post_update, micro_batches=tc.micro_batches
+                )
                 state = (params, opt_state, rng)
                 _run_steps(config, task, step_fn, state, start, train_iter, counters, ckpt, writer)
         finally:
