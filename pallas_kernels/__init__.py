@@ -8,12 +8,13 @@ GPU kernels use the Triton backend of Pallas; on CPU they run in `interpret=True
 default there). `pallas_kernels/bench_gpu.py` checks and times them on a GPU.
 """
 
-import jax
+from c2.quant import target
 
 
 def default_interpret() -> bool:
-    """Pallas kernels run interpreted on CPU (the only way they run there)."""
-    return jax.default_backend() == "cpu"
+    """Pallas kernels run interpreted on CPU (the only way they run there); compiled when the
+    program is compiled for a GPU (`c2.quant.target.compiling_for`, device-less)."""
+    return target.platform() == "cpu"
 
 
 def resolve_interpret(interpret: bool | None) -> bool:

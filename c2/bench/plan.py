@@ -56,7 +56,10 @@ model's temporaries would be mostly the CPU's expansion.
 
 CPU compilation stands in for the GPU's: the buffer assignment and fusion differ (XLA:CPU keeps
 some elementwise intermediates of the MXFP8 quantise that a GPU fusion would not), the CPU runs
-the padded expert exchange, so the numbers are a close estimate, not a measurement on the GPU.
+the padded expert exchange, so the numbers are an estimate, not a measurement on the GPU.
+`--compile_for h200` (or b300) compiles the same reduced steps with XLA:GPU instead, device-less,
+for a topology of that many GPUs (the CUDA PJRT plugin: `pip install -e ".[gpu-compile]"`; no
+GPU): the GPU's own ops, buffer assignment and scheduling, but no cost analysis (FLOPs None).
 The last line printed is JSON with `per_device_bytes` and `fits`.
 """
 
@@ -73,11 +76,106 @@ import sys
 import time
 
 GROUPED_GEMM = ("standin", "xla")
-COLLECTIVES = ("all-gather", "all-to-all", "reduce-scatter", "all-reduce", "collective-permute")
+
+# Device-less GPU compiles (`--compile_for`): XLA's GpuTargetConfig of each GPU, and its memory in
+# GB. What the memory plan depends on is the compute capability (the kernels XLA may emit) and
+# `device_memory_size` (the budget of XLA's scheduler and rematerialisation); the rest steers
+# autotuning-free cost models only. The CUDA 12.8 / cuDNN 9.8 runtime assumed is older than the
+# jax[cuda12] 0.10 wheels' (12.9 / 9.28), so no newer library kernel than a cluster's is chosen.
+# B300 is compiled for compute capability 10.0 (Blackwell's sm_100) with its 288 GB.
+_GPU_TARGET = """gpu_device_info {{
+  threads_per_block_limit: 1024
+  threads_per_warp: 32
+  shared_memory_per_block: 49152
+  shared_memory_per_core: 233472
+  threads_per_core_limit: 2048
+  core_count: {sms}
+  fpus_per_core: 128
+  block_dim_limit_x: 2147483647
+  block_dim_limit_y: 65535
+  block_dim_limit_z: 65535
+  memory_bandwidth: {bandwidth}
+  l2_cache_size: {l2}
+  clock_rate_ghz: {clock}
+  device_memory_size: {memory}
+  shared_memory_per_block_optin: 232448
+  cuda_compute_capability {{ major: {cc_major} minor: {cc_minor} }}
+  registers_per_core_limit: 65536
+  registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 8 }}
+runtime_version {{ major: 12 minor: 8 }}
+device_description_str: "{name}"
+"""
+GPU_TARGETS = {
+    "h200": dict(
+        name="NVIDIA H200",
+        sms=132,
+        bandwidth=4_800_000_000_000,
+        l2=52_428_800,
+        clock=1.98,
+        memory=150_754_820_096,
+        cc_major=9,
+        cc_minor=0,
+        memory_gb=141.0,
+    ),
+    "b300": dict(
+        name="NVIDIA B300",
+        sms=148,
+        bandwidth=8_000_000_000_000,
+        l2=134_217_728,
+        clock=1.92,
+        memory=288_000_000_000,
+        cc_major=10,
+        cc_minor=0,
+        memory_gb=288.0,
+    ),
+}
+COLLECTIVES = (
+    "all-gather",
+    "all-to-all",
+    "ragged-all-to-all",
+    "reduce-scatter",
+    "all-reduce",
+    "collective-permute",
+)
 _COLLECTIVE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(?:-start)?\(",
     re.MULTILINE,
 )
+
+
+def gpu_devices(name: str, n: int):
+    """`n` device-less GPUs of kind `name` (GPU_TARGETS), 8 per host, for compiling only: needs
+    the CUDA PJRT plugin (`pip install "jax[cuda12]"`), not a GPU. JAX must run on the CPU, or
+    the plugin looks for GPUs when the backends start: this puts it there when they have not
+    started yet (otherwise start them with JAX_PLATFORMS=cpu)."""
+    import jax
+
+    if name not in GPU_TARGETS:
+        raise ValueError(f"compile_for={name!r}: expected cpu or one of {sorted(GPU_TARGETS)}")
+    if n % 8 and n > 8:
+        raise ValueError(f"{n} GPUs: expected at most 8, or a multiple of 8 (8 per host)")
+    from jax._src import xla_bridge
+    from jax.experimental import topologies
+
+    if not xla_bridge.backends_are_initialized():
+        jax.config.update("jax_platforms", "cpu")  # JAX_PLATFORMS may have been set after import
+    spec = GPU_TARGETS[name]
+    hosts, per_host = (1, n) if n <= 8 else (n // 8, 8)
+    try:
+        topo = topologies.get_topology_desc(
+            platform="cuda",
+            target_config=_GPU_TARGET.format(**spec),
+            topology=f"1x{hosts}x{per_host}",
+        )
+    except Exception as e:  # the plugin is missing, or too old for device-less topologies
+        raise RuntimeError(
+            f"a device-less {spec['name']} compile needs the CUDA PJRT plugin of jax "
+            f'{jax.__version__}: pip install "jax[cuda12]=={jax.__version__}" ({e})'
+        ) from e
+    return list(topo.devices)
 
 
 def _mesh_size(config) -> int:
@@ -280,7 +378,7 @@ def compile_step(cfg, config, mesh, batch: int, seq: int):
     if cfg.n_moe_layers and tc.router_bias_rate:
         post = lambda p, aux: model_lib.update_router_bias(p, aux, cfg, tc.router_bias_rate)  # noqa: E731
     loss_fn = functools.partial(lm.lm_loss, cfg=cfg, tc=tc, mesh=mesh)
-    step_fn = make_step_fn(loss_fn, tx, schedule, post)
+    step_fn = make_step_fn(loss_fn, tx, schedule, post, micro_batches=tc.micro_batches)
     bs = sharding.batch_sharding(mesh)
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
     data = {
@@ -336,7 +434,8 @@ def measure(cfg, config, mesh, batch: int, seq: int) -> Measured:
         output=int(mem.output_size_in_bytes),
         alias=int(mem.alias_size_in_bytes),
         temp=int(mem.temp_size_in_bytes),
-        flops=float(cost.get("flops", 0.0)),
+        # A device-less GPU executable has no cost analysis (the CPU plan has the FLOPs).
+        flops=float(cost.get("flops", 0.0)) if cost else float("nan"),
         collectives=collectives(compiled.as_text()),
         compile_s=dt,
     )
@@ -354,6 +453,7 @@ def plan(
     mesh=None,
     paths: str | None = "gpu",
     grouped_gemm: str = "standin",
+    compile_for: str = "cpu",
     log=print,
 ) -> dict:
     """The per-device plan of one training step of `config` (see the module docstring).
@@ -362,7 +462,12 @@ def plan(
     the GPU's layout on the CPU devices (`ragged_dot` experts, bf16 MXFP8 operands; the padded
     expert exchange, since XLA:CPU cannot compile `ragged_all_to_all`); None keeps the CPU's.
     `grouped_gemm`: "standin" (default) compiles the expert grouped matmuls as
-    `grouped_gemm_standin`'s ops, "xla" as XLA:CPU lowers them (dense [G, M, N] expansions).
+    `grouped_gemm_standin`'s ops, "xla" as XLA lowers them (on the CPU: dense [G, M, N]
+    expansions).
+    `compile_for`: "cpu" (simulated CPU devices), or a GPU of GPU_TARGETS ("h200", "b300"):
+    XLA:GPU compiles the step device-less for that many such GPUs (`gpu_devices`), with the GPU's
+    code paths and ops (`c2.quant.target.compiling_for`; `paths` is then ignored). Its memory
+    analysis is the GPU's own; it has no cost analysis, so the FLOPs are None.
     """
     if grouped_gemm not in GROUPED_GEMM:
         raise ValueError(f"grouped_gemm={grouped_gemm!r}: expected one of {GROUPED_GEMM}")
@@ -374,6 +479,11 @@ def plan(
     stage, batch, seq = stage_shapes(config)
     n_dev = _mesh_size(stage)
     mesh_sizes, cfg = lm.validate(stage, n_dev, load_files=False)
+    on_gpu = compile_for != "cpu"
+    if mesh is None and on_gpu:
+        from c2 import sharding
+
+        mesh = sharding.make_mesh(**mesh_sizes, devices=gpu_devices(compile_for, n_dev))
     if mesh is None:
         if jax.device_count() < n_dev:
             raise RuntimeError(
@@ -393,7 +503,8 @@ def plan(
         f"config {stage.name}: mesh {mesh_sizes}, batch {batch} x {seq} tokens, "
         f"{n_dense} dense + {n_moe} MoE layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, "
         f"quant {cfg.quant}, attention {getattr(cfg, 'attention_impl', 'xla')}, grouped GEMM "
-        f"{grouped_gemm}, loss_chunk_tokens {stage.train.loss_chunk_tokens}"
+        f"{grouped_gemm}, loss_chunk_tokens {stage.train.loss_chunk_tokens}, micro_batches "
+        f"{stage.train.micro_batches}, compiled for {compile_for}"
     )
     runs = {}
     variants = [(base_d, base_m)]
@@ -402,7 +513,8 @@ def plan(
     if n_dense > base_d:
         variants.append((base_d + 1, base_m))
     for nd, nm in variants:
-        with target.as_backend(paths), _grouped_gemm(grouped_gemm):
+        on_target = target.compiling_for("gpu") if on_gpu else target.as_backend(paths)
+        with on_target, _grouped_gemm(grouped_gemm):
             m = measure(reduced(cfg, nd, nm), stage, mesh, batch, seq)
         runs[(nd, nm)] = m
         log(
@@ -478,9 +590,11 @@ def plan(
         "seq_len": seq,
         "remat": cfg.remat,
         "attention_impl": getattr(cfg, "attention_impl", "xla"),
-        "paths": paths or "native",
+        "paths": "gpu" if on_gpu else (paths or "native"),
+        "compile_for": compile_for,
         "grouped_gemm": grouped_gemm,
         "loss_chunk_tokens": int(stage.train.loss_chunk_tokens),
+        "micro_batches": int(stage.train.micro_batches),
         "param_bytes": param_bytes,
         "optimizer_bytes": opt_bytes,
         "batch_bytes": batch_bytes,
@@ -490,12 +604,16 @@ def plan(
         "per_device_bytes": total,
         "device_memory_gb": device_memory_gb,
         "fits": fits,
-        "flops_per_device": flops,
+        "flops_per_device": _finite(flops),
         "moe_layer_temp_bytes": d_moe["temp"],
-        "moe_layer_flops": d_moe["flops"],
+        "moe_layer_flops": _finite(d_moe["flops"]),
         "collectives": colls,
         "compile_s": sum(m.compile_s for m in runs.values()),
     }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _ensure_devices(n: int) -> None:
@@ -512,7 +630,19 @@ def _ensure_devices(n: int) -> None:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True, help="experiment config file[:arg]")
-    ap.add_argument("--device_memory_gb", type=float, default=141.0)
+    ap.add_argument(
+        "--device_memory_gb",
+        type=float,
+        default=None,
+        help="the budget `fits` is checked against (default: the --compile_for GPU's, else 141)",
+    )
+    ap.add_argument(
+        "--compile_for",
+        default="cpu",
+        choices=("cpu", *GPU_TARGETS),
+        help="compile on simulated CPU devices (default), or device-less for that many GPUs of "
+        "this kind (needs the CUDA PJRT plugin: pip install 'jax[cuda12]', no GPU)",
+    )
     ap.add_argument(
         "--set",
         action="append",
@@ -525,6 +655,12 @@ def main(argv=None) -> dict:
         type=int,
         default=None,
         help="override config.train.loss_chunk_tokens for the plan (0: whole logits)",
+    )
+    ap.add_argument(
+        "--micro_batches",
+        type=int,
+        default=None,
+        help="override config.train.micro_batches for the plan (gradient accumulation)",
     )
     ap.add_argument(
         "--paths",
@@ -548,10 +684,20 @@ def main(argv=None) -> dict:
         config.model.overrides[key] = _parse_value(value)
     if args.loss_chunk_tokens is not None:
         config.train.loss_chunk_tokens = args.loss_chunk_tokens
-    _ensure_devices(_mesh_size(stage_shapes(config)[0]))
+    if args.micro_batches is not None:
+        config.train.micro_batches = args.micro_batches
+    if args.compile_for == "cpu":
+        _ensure_devices(_mesh_size(stage_shapes(config)[0]))
+    memory_gb = args.device_memory_gb or GPU_TARGETS.get(args.compile_for, {}).get(
+        "memory_gb", 141.0
+    )
     paths = None if args.paths == "native" else args.paths
     result = plan(
-        config, device_memory_gb=args.device_memory_gb, paths=paths, grouped_gemm=args.grouped_gemm
+        config,
+        device_memory_gb=memory_gb,
+        paths=paths,
+        grouped_gemm=args.grouped_gemm,
+        compile_for=args.compile_for,
     )
     print(json.dumps(result, sort_keys=True))
     sys.stdout.flush()

@@ -32,6 +32,7 @@ from c2.model.layers import (
     softmax_scale,
 )
 from c2.model.ring import context_attention
+from c2.quant import target
 from c2.sharding import constrain
 
 NEG_INF = -1e30  # finite, so fully-masked rows (padding) give a uniform softmax, not NaN
@@ -66,7 +67,7 @@ def resolve_attention_impl(c: ModelConfig, seq_len: int) -> str:
     impl = c.attention_impl
     if impl == "auto":
         return "dense" if seq_len <= c.attention_dense_max_len else "blockwise"
-    if impl == "cudnn" and jax.default_backend() != "gpu":
+    if impl == "cudnn" and target.platform() != "gpu":
         return "blockwise"
     return impl
 

@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2.model.config import ModelConfig, YarnConfig
+from c2.quant import target
 
 
 def einsum_f32(spec: str, *operands: jax.Array) -> jax.Array:
     """einsum with float32 accumulation and output. XLA:CPU's dot has no bf16 x bf16 -> f32 form,
     so on the CPU the operands are widened first (exact: the same products and sums)."""
-    if jax.default_backend() == "cpu":
+    if target.platform() == "cpu":
         return jnp.einsum(spec, *(o.astype(jnp.float32) for o in operands))
     return jnp.einsum(spec, *operands, preferred_element_type=jnp.float32)
 

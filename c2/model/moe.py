@@ -443,7 +443,7 @@ def use_ragged_exchange(c: ModelConfig) -> bool:
     """`ragged_all_to_all` where the backend has it (not XLA:CPU, even when tracing for the GPU's
     paths: it cannot compile it) and the run is dropless."""
     if c.expert_exchange == "auto":
-        return c.expert_capacity_factor is None and jax.default_backend() in ("gpu", "tpu")
+        return c.expert_capacity_factor is None and target.platform() in ("gpu", "tpu")
     return c.expert_exchange == "ragged"
 
 
