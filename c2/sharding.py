@@ -95,6 +95,32 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return named_sharding(mesh, ("batch", "seq"))
 
 
+# A flattened [tokens, ...] array (batch-major rows of a [batch, seq, ...] one) is split over these.
+TOKEN_AXES = (*BATCH_AXES, "context")
+
+
+def per_device_tokens(fn, mesh: Mesh | None, tokens: Sequence[bool], n_out: int):
+    """`fn` run on each device's own tokens inside `jax.shard_map`.
+
+    Arguments marked True in `tokens` (and every output) are [T, ...] arrays whose T is split over
+    TOKEN_AXES; the others enter whole on every device (a sharded weight is gathered first, as
+    FSDP does for any matmul; autodiff sums its gradient over the mesh). For Pallas calls, which
+    have no partitioning rule: outside shard_map XLA would gather their token operands too and
+    run the global call on every device. `fn` returns a tuple of `n_out` arrays; with no mesh (or
+    one device) it is returned unchanged.
+    """
+    if mesh is None or mesh.size == 1:
+        return fn
+    tok = P(TOKEN_AXES)
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=tuple(tok if t else P() for t in tokens),
+        out_specs=(tok,) * n_out,
+        check_vma=False,
+    )
+
+
 def constrain(x: jax.Array, mesh: Mesh | None, axes: Sequence[str | None]) -> jax.Array:
     """`with_sharding_constraint` by logical axes; a no-op without a mesh."""
     if mesh is None or mesh.size == 1:

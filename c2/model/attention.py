@@ -155,20 +155,21 @@ def _cache_mask(pos: jax.Array, T: int, S: int) -> jax.Array:
 # MLA ------------------------------------------------------------------------------------------
 
 
-def _mla_q(x, p, c):
+def _mla_q(x, p, c, mesh):
     if c.q_lora_rank:
-        q = linear(rms_norm(linear(x, p["wq_a"], c), p["q_norm"], c.rms_norm_eps), p["wq_b"], c)
+        q = linear(x, p["wq_a"], c, mesh=mesh)
+        q = linear(rms_norm(q, p["q_norm"], c.rms_norm_eps), p["wq_b"], c, mesh=mesh)
     else:
-        q = linear(x, p["wq"], c)
+        q = linear(x, p["wq"], c, mesh=mesh)
     return q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
 
 
 def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
     """Multi-head latent attention. x [B,T,H] -> ([B,T,H], updated cache or None)."""
     cos, sin = rope_cos_sin(positions, c)
-    q_nope, q_rope = _mla_q(x, p, c)
+    q_nope, q_rope = _mla_q(x, p, c, mesh)
     q_rope = apply_rope(q_rope, cos, sin, c.rope_interleave)
-    kv_a = linear(x, p["wkv_a"], c)
+    kv_a = linear(x, p["wkv_a"], c, mesh=mesh)
     latent = rms_norm(kv_a[..., : c.kv_lora_rank], p["kv_norm"], c.rms_norm_eps)  # [B,T,r]
     k_rope = apply_rope(kv_a[..., None, c.kv_lora_rank :], cos, sin, c.rope_interleave)[:, :, 0]
     scale = softmax_scale(c)
@@ -176,7 +177,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     w_uv = p["wkv_b"][..., c.qk_nope_head_dim :].astype(x.dtype)  # [r, N, v]
 
     if cache is None:
-        kv = linear(latent, p["wkv_b"], c)  # [B,T,N,nope+v]
+        kv = linear(latent, p["wkv_b"], c, mesh=mesh)  # [B,T,N,nope+v]
         k = jnp.concatenate(
             [
                 kv[..., : c.qk_nope_head_dim],
@@ -187,7 +188,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         v = kv[..., c.qk_nope_head_dim :]
         q = jnp.concatenate([q_nope, q_rope], -1)
         o = self_attention(q, k, v, segment_ids, scale, c, mesh, "heads")
-        return linear(o, p["wo"], c, n_in=2), None
+        return linear(o, p["wo"], c, n_in=2, mesh=mesh), None
 
     pos = cache["pos"]
     cache = dict(
@@ -203,7 +204,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         kc = jnp.concatenate([lat, kr], -1)[:, :, None]
         o_lat = _cache_flash(qc, kc, lat[:, :, None], pos, scale, c)
         o = einsum_f32("btnr,rnv->btnv", o_lat, w_uv).astype(x.dtype)
-        return linear(o, p["wo"], c, n_in=2), cache
+        return linear(o, p["wo"], c, n_in=2, mesh=mesh), cache
     s = (
         einsum_f32("btnr,bsr->bnts", q_lat.astype(x.dtype), lat)
         + einsum_f32("btnd,bsd->bnts", q_rope, kr)
@@ -213,7 +214,7 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     prob = jax.nn.softmax(s, axis=-1).astype(x.dtype)
     o_lat = einsum_f32("bnts,bsr->bntr", prob, lat).transpose(0, 2, 1, 3)  # see attend
     o = einsum_f32("btnr,rnv->btnv", o_lat.astype(x.dtype), w_uv).astype(x.dtype)
-    return linear(o, p["wo"], c, n_in=2), cache
+    return linear(o, p["wo"], c, n_in=2, mesh=mesh), cache
 
 
 # GQA ------------------------------------------------------------------------------------------
@@ -222,15 +223,15 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
 def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
     """Grouped-query attention with per-head RMSNorm on q and k (Qwen3)."""
     cos, sin = rope_cos_sin(positions, c)
-    q = rms_norm(linear(x, p["wq"], c), p["q_norm"], c.rms_norm_eps)
-    k = rms_norm(linear(x, p["wk"], c), p["k_norm"], c.rms_norm_eps)
-    v = linear(x, p["wv"], c)
+    q = rms_norm(linear(x, p["wq"], c, mesh=mesh), p["q_norm"], c.rms_norm_eps)
+    k = rms_norm(linear(x, p["wk"], c, mesh=mesh), p["k_norm"], c.rms_norm_eps)
+    v = linear(x, p["wv"], c, mesh=mesh)
     q = apply_rope(q, cos, sin, interleave=False)
     k = apply_rope(k, cos, sin, interleave=False)
     scale = softmax_scale(c)
     if cache is None:
         o = self_attention(q, k, v, segment_ids, scale, c, mesh, "kv_heads")
-        return linear(o, p["wo"], c, n_in=2), None
+        return linear(o, p["wo"], c, n_in=2, mesh=mesh), None
     pos = cache["pos"]
     cache = dict(cache, k=_write_cache(cache["k"], k, pos), v=_write_cache(cache["v"], v, pos))
     ck, cv = cache["k"].astype(x.dtype), cache["v"].astype(x.dtype)
@@ -238,7 +239,7 @@ def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         o = _cache_flash(q, ck, cv, pos, scale, c)
     else:
         o = attend(q, ck, cv, _cache_mask(pos, x.shape[1], ck.shape[1]), scale)
-    return linear(o, p["wo"], c, n_in=2), cache
+    return linear(o, p["wo"], c, n_in=2, mesh=mesh), cache
 
 
 def attention(x, p, c: ModelConfig, positions, segment_ids, mesh=None, cache=None):

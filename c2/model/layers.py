@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2 import sharding
 from c2.model.config import ModelConfig, YarnConfig
 from c2.quant import target
 
@@ -100,11 +101,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, interleave: bool) -
 # Projections ----------------------------------------------------------------------------------
 
 
-def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Array:
+def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1, mesh=None) -> jax.Array:
     """Contract x's last n_in axes with w's first: [..., *in] x [*in, *out] -> [..., *out].
 
     Computed in the config's dtype with float32 accumulation; with `quant="mxfp8"` all three
-    GEMMs of the layer run in MXFP8 (c2.quant.mxfp8).
+    GEMMs of the layer run in MXFP8 (c2.quant.mxfp8). The Pallas MXFP8 kernels run on each
+    device's own rows inside `shard_map` when `mesh` is given (`sharding.per_device_tokens`: x's
+    leading axes are batch-major tokens, w whole on every device).
     """
     dtype = jnp.dtype(c.dtype)
     in_shape, out_shape = w.shape[:n_in], w.shape[n_in:]
@@ -117,13 +120,21 @@ def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1) -> jax.Arr
     if c.quant == "mxfp8":
         from c2.quant import mxfp8
 
-        y = mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl)
+        def dot(x2, w2):
+            return (mxfp8.mxfp8_dot(x2, w2, block_size=c.mxfp8_block_size, impl=c.mxfp8_impl),)
+
+        if (
+            c.mxfp8_impl == "pallas"
+            and x2.shape[0] % sharding.axis_size(mesh, sharding.TOKEN_AXES) == 0
+        ):  # (decoding's few rows: not split, the kernel runs whole)
+            dot = sharding.per_device_tokens(dot, mesh, (True, False), 1)
+        (y,) = dot(x2, w2)
     else:
         y = einsum_f32("mk,kn->mn", x2, w2).astype(dtype)
     return y.reshape(*lead, *out_shape)
 
 
-def mlp(x: jax.Array, p: dict, c: ModelConfig) -> jax.Array:
+def mlp(x: jax.Array, p: dict, c: ModelConfig, mesh=None) -> jax.Array:
     """SwiGLU MLP: down(silu(gate(x)) * up(x))."""
-    h = jax.nn.silu(linear(x, p["w_gate"], c)) * linear(x, p["w_up"], c)
-    return linear(h, p["w_down"], c)
+    h = jax.nn.silu(linear(x, p["w_gate"], c, mesh=mesh)) * linear(x, p["w_up"], c, mesh=mesh)
+    return linear(h, p["w_down"], c, mesh=mesh)

@@ -67,19 +67,6 @@ def gate_weights(scores_TE: jax.Array, idx_TK: jax.Array, c: ModelConfig) -> jax
     return g * c.routed_scaling_factor
 
 
-def _per_device(fn, mesh: Mesh | None, n_in: int, n_out: int):
-    """`fn` over [T, ...] arrays run per device: T (batch-major tokens, sharded over the batch
-    axes then `context`) split over the mesh inside `jax.shard_map`, other axes replicated. A
-    Pallas call has no partitioning rule: outside shard_map XLA would gather its operands and run
-    the global call on every device."""
-    if mesh is None or mesh.size == 1:
-        return fn
-    tok = P((*sharding.BATCH_AXES, "context"))
-    return jax.shard_map(
-        fn, mesh=mesh, in_specs=(tok,) * n_in, out_specs=(tok,) * n_out, check_vma=False
-    )
-
-
 def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True, mesh=None):
     """(indices [T,k] int32, gates [T,k] float32, scores [T,E] float32, sorted pairs or None).
 
@@ -92,7 +79,9 @@ def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True
     scores = _score(logits, c)
     if routing_TK is None:  # top_k has no partitioning rule either: gathered outside shard_map
         bias = p.get("router_bias")
-        select = _per_device(lambda s: (select_experts(s, bias, c),), mesh, 1, 1)
+        select = sharding.per_device_tokens(
+            lambda s: (select_experts(s, bias, c),), mesh, (True,), 1
+        )
         idx = select(scores)[0]
     else:
         idx = routing_TK
@@ -106,7 +95,9 @@ def route(x_TH, p, c: ModelConfig, routing_TK=None, *, sorted_pairs: bool = True
             routed_scaling_factor=c.routed_scaling_factor,
         )
         if not sorted_pairs:
-            gates_fn = _per_device(lambda lg, i: (router_replay_gates(lg, i, **kw),), mesh, 2, 1)
+            gates_fn = sharding.per_device_tokens(
+                lambda lg, i: (router_replay_gates(lg, i, **kw),), mesh, (True, True), 1
+            )
             return idx, gates_fn(logits, idx)[0], scores, None
         pairs = router_replay(logits, idx, **kw)
         return idx, pairs.gates_TK, scores, pairs
@@ -470,7 +461,7 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
     routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
     ep = sharding.axis_size(mesh, "expert")
     # The only dispatch that reuses the kernel's sorted order: one device's (a sharded mesh runs
-    # the kernel per device for the gates; the dispatch sorts the global tokens itself).
+    # the kernel per device for the gates; the dispatch sorts each device's tokens itself).
     local = c.moe_impl != "dense" and ep == 1
     reuse_order = local and (mesh is None or mesh.size == 1)
     idx, gates, scores, pairs = route(x_TH, p, c, routing, sorted_pairs=reuse_order, mesh=mesh)
@@ -479,7 +470,15 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
     if c.moe_impl == "dense":
         y = _dispatch_dense(x_TH, idx, gates, experts, c)
     elif local:
-        y = _dispatch_local(x_TH, idx, gates, experts, c, pairs)
+        # Dropless, so each device can sort and run its own tokens against the whole experts
+        # (gathered over FSDP like any weight); over the global tokens XLA would gather them for
+        # the sort, and gather the Pallas grouped kernels' operands (no partitioning rule).
+        def dispatch(x, i, g, w):
+            return (_dispatch_local(x, i, g, w, c, pairs),)
+
+        if not reuse_order and x_TH.shape[0] % sharding.axis_size(mesh, sharding.TOKEN_AXES) == 0:
+            dispatch = sharding.per_device_tokens(dispatch, mesh, (True, True, True, False), 1)
+        (y,) = dispatch(x_TH, idx, gates, experts)
     else:
         tok = P(sharding.BATCH_AXES, "context", None)
         fn = jax.shard_map(
@@ -493,7 +492,7 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
         y = y.reshape(B * T, H)
     y = y.astype(x_BTH.dtype).reshape(B, T, H)
     if "shared" in p:
-        y = y + mlp(x_BTH, p["shared"], c)
+        y = y + mlp(x_BTH, p["shared"], c, mesh=mesh)
     valid = segment_ids_BT.reshape(-1) != 0
     load = jnp.zeros(c.n_experts, jnp.int32).at[idx].add(valid[:, None].astype(jnp.int32))
     stats = {

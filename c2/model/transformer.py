@@ -43,7 +43,7 @@ def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routin
     if moe:
         y, stats = moe_block(hn, lp["mlp"], c, segment_ids, routing, mesh)
     else:
-        y, stats = mlp(hn, lp["mlp"], c), None
+        y, stats = mlp(hn, lp["mlp"], c, mesh=mesh), None
     x = sharding.constrain(x + y, mesh, ("batch", "seq", None))
     return x, stats, cache
 
@@ -230,7 +230,7 @@ def mtp_module(
         segment_ids = jnp.ones(next_tokens.shape, jnp.int32)
     e = rms_norm(embed(params, next_tokens, c), mp["enorm"], c.rms_norm_eps)
     hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
-    h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c)
+    h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c, mesh=mesh)
     h, _, cache = block(
         h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0, cache=cache
     )
