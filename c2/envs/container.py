@@ -206,6 +206,10 @@ def image_exists(tag: str, engine: str = "podman") -> bool:
 
 
 def image_id(tag: str, engine: str = "podman") -> str | None:
+    """The id of local image `tag`; None when the engine has no such image or is not installed
+    (it then has no images at all)."""
+    if engine in ("podman", "docker") and shutil.which(engine) is None:
+        return None
     r = subprocess.run(
         [*engine_command(engine), "image", "inspect", "-f", "{{.Id}}", tag],
         capture_output=True,

@@ -46,6 +46,7 @@ def test_from_images_skips_stage_names():
 
 
 def test_context_hash_follows_the_build_context(tmp_path):
+    """With or without a container engine here (without one, a local base counts by its name)."""
     (tmp_path / "Dockerfile").write_text("FROM debian:bookworm-slim\nCOPY a /a\n")
     (tmp_path / "a").write_text("1")
     h1 = context_hash(tmp_path)
