@@ -44,6 +44,9 @@ def get_config(arg=None):
     c.train.steps = 500
     c.train.checkpoint_every = 10
     c.train.progress_bar = False
+    # The LM head and log-probs by chunks of 2,048 positions: no [1, 32k, 163,840] float32
+    # logits (21 GB per copy) in the step (c2.rl.step.RLLearner logit_chunk_tokens).
+    c.train.loss_chunk_tokens = 2048
     c.rl.tasks = "/data/swe_tasks"
     c.rl.heldout_tasks = "/data/swe_tasks_heldout"
     c.rl.group_size = 16

@@ -240,6 +240,13 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     buckets = tuple(r.seq_buckets)
     if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 2:
         raise ConfigError(f"config.rl.seq_buckets={buckets}: expected increasing lengths >= 2")
+    chunk = config.train.loss_chunk_tokens
+    if chunk and any(b % chunk for b in buckets):
+        raise ConfigError(
+            f"config.train.loss_chunk_tokens={chunk} (the RL step's LM head and log-probs by "
+            f"chunks of positions) must divide every sequence bucket {buckets} "
+            "(config.rl.seq_buckets); 0 turns chunking off"
+        )
     if r.rollout.max_tokens > max(buckets):
         raise ConfigError(
             f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the largest "

@@ -35,6 +35,7 @@ from c2 import model as model_lib
 from c2 import sharding
 from c2.infer.sampling import sampling_logprobs
 from c2.model.config import ModelConfig
+from c2.model.layers import rms_norm
 from c2.rl.batching import BATCH_KEYS, CHAIN_KEYS, ROW_KEYS, TOKEN_KEYS
 from c2.rl.objectives import (
     REWARD_SIGNS,
@@ -53,6 +54,7 @@ from c2.rl.objectives import (
 )
 from c2.rl.objectives.rewards import Weight
 from c2.train.loop import opt_state_shardings
+from c2.train.losses import from_chunks, to_chunks
 
 # Stands in for log 0 (a target outside the recomputed top-k/top-p support): finite, and masked.
 OUT_OF_SUPPORT_LOGP = -1e9
@@ -73,6 +75,33 @@ def _place(x, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
+def _target_logps(logits_BTV, targets_BT, *, temperature, top_k, top_p):
+    """(log-prob of each target under its row's sampling distribution, finite; whether the
+    target is in that distribution's support; its log-prob under logits / temperature alone)."""
+    B, T, V = logits_BTV.shape
+    per_token = lambda x_B: jnp.broadcast_to(x_B[:, None], (B, T)).reshape(B * T)  # noqa: E731
+    # Which ids each row's sampling distribution keeps: a piecewise-constant choice, so it is
+    # found without gradient (no sort in the backward pass); the log-prob is then
+    # differentiated through one masked logsumexp, never a [B*T, V] log-softmax.
+    support_BTV = (
+        sampling_logprobs(
+            jax.lax.stop_gradient(logits_BTV).reshape(B * T, V),
+            per_token(temperature),
+            per_token(top_k),
+            per_token(top_p),
+        ).reshape(B, T, V)
+        > -jnp.inf
+    )
+    temperature_B = jnp.where(temperature > 0, temperature, 1.0)  # greedy: 1
+    scaled_BTV = logits_BTV / temperature_B[:, None, None]
+    take = lambda x_BTV: jnp.take_along_axis(x_BTV, targets_BT[..., None], -1)[..., 0]  # noqa: E731
+    target_BT, in_support_BT = take(scaled_BTV), take(support_BTV)
+    logp_BT = target_BT - jax.nn.logsumexp(jnp.where(support_BTV, scaled_BTV, -jnp.inf), -1)
+    kl_logp_BT = target_BT - jax.nn.logsumexp(scaled_BTV, axis=-1)
+    logp_BT = jnp.where(in_support_BT, logp_BT, OUT_OF_SUPPORT_LOGP)
+    return logp_BT, in_support_BT, kl_logp_BT
+
+
 class RLLearner:
     """Builds and runs the RL step for one model, objective, optimiser and mesh.
 
@@ -80,6 +109,10 @@ class RLLearner:
       "kl" weight is `objective.kl_beta`). A nonzero "length_penalty" weight turns on
       length_penalty(effort(counts, effort_weights), length_penalty_k, length_penalty_q).
     schedule: the optimiser's learning-rate schedule, only to report `lr`.
+    logit_chunk_tokens: > 0 computes the LM head and the log-probs over chunks of that many
+      positions (`c2.train.losses.to_chunks`, every row at once) in a rematerialised scan: the
+      same values, and no [B, T, V] float32 logits in the step (`config.train.loss_chunk_tokens`;
+      must divide every sequence bucket). 0: whole.
     """
 
     def __init__(
@@ -97,6 +130,7 @@ class RLLearner:
         length_penalty_q: float | None = None,
         schedule: optax.Schedule | None = None,
         router_replay: bool = True,
+        logit_chunk_tokens: int = 0,
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -107,6 +141,15 @@ class RLLearner:
         # Off (an ablation): the train forwards route every token themselves, so train and
         # behaviour log-probs may come from different experts.
         self.router_replay = bool(router_replay)
+        if (
+            isinstance(logit_chunk_tokens, bool)
+            or not isinstance(logit_chunk_tokens, int)
+            or logit_chunk_tokens < 0
+        ):
+            raise ValueError(
+                f"logit_chunk_tokens={logit_chunk_tokens!r}: expected an int >= 0 (0: whole)"
+            )
+        self.logit_chunk_tokens = logit_chunk_tokens
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
 
@@ -354,7 +397,8 @@ class RLLearner:
         """Per micro-batch [mb, T]: the sampling distribution's log-prob of each target (finite),
         whether the target is in its support, and the log-prob under logits / temperature with no
         top-k/top-p (what KL compares: the reference's support need not hold the target)."""
-        logits_BTV, _ = model_lib.forward(
+        chunk = self.logit_chunk_tokens
+        logits_BTV, aux = model_lib.forward(
             params,
             mb["inputs"],
             self._fwd_cfg,
@@ -362,29 +406,29 @@ class RLLearner:
             segment_ids=mb["segment_ids"],
             routing=mb["routing"] if self.router_replay else None,
             mesh=self.mesh,
+            return_hidden=bool(chunk),
         )
-        B, T, V = logits_BTV.shape
-        per_token = lambda x_B: jnp.broadcast_to(x_B[:, None], (B, T)).reshape(B * T)  # noqa: E731
-        # Which ids each row's sampling distribution keeps: a piecewise-constant choice, so it is
-        # found without gradient (no sort in the backward pass); the log-prob is then
-        # differentiated through one masked logsumexp, never a [B*T, V] log-softmax.
-        support_BTV = (
-            sampling_logprobs(
-                jax.lax.stop_gradient(logits_BTV).reshape(B * T, V),
-                per_token(mb["temperature"]),
-                per_token(mb["top_k"]),
-                per_token(mb["top_p"]),
-            ).reshape(B, T, V)
-            > -jnp.inf
-        )
-        temperature_B = jnp.where(mb["temperature"] > 0, mb["temperature"], 1.0)  # greedy: 1
-        scaled_BTV = logits_BTV / temperature_B[:, None, None]
-        take = lambda x_BTV: jnp.take_along_axis(x_BTV, mb["targets"][..., None], -1)[..., 0]  # noqa: E731
-        target_BT, in_support_BT = take(scaled_BTV), take(support_BTV)
-        logp_BT = target_BT - jax.nn.logsumexp(jnp.where(support_BTV, scaled_BTV, -jnp.inf), -1)
-        kl_logp_BT = target_BT - jax.nn.logsumexp(scaled_BTV, axis=-1)
-        logp_BT = jnp.where(in_support_BT, logp_BT, OUT_OF_SUPPORT_LOGP)
-        return logp_BT, in_support_BT, kl_logp_BT
+        settings = {k: mb[k] for k in ("temperature", "top_k", "top_p")}
+        if not chunk:
+            return _target_logps(logits_BTV, mb["targets"], **settings)
+        # The model's own logits are unused, so XLA drops them: the head runs per chunk.
+        B, T = mb["targets"].shape
+        if T % chunk:
+            raise ValueError(
+                f"logit_chunk_tokens={chunk} does not divide the sequence length {T} "
+                "(config.train.loss_chunk_tokens must divide every config.rl.seq_buckets)"
+            )
+        h_BTH = rms_norm(aux["hidden"], params["final_norm"], self.cfg.rms_norm_eps)
+
+        @jax.checkpoint
+        def body(_, xs):
+            h_BCH, targets_BC = xs
+            logits_BCV = model_lib.lm_head(params, h_BCH, self.cfg)
+            return None, _target_logps(logits_BCV, targets_BC, **settings)
+
+        xs = (to_chunks(h_BTH, chunk), to_chunks(mb["targets"], chunk))
+        _, out = jax.lax.scan(body, None, xs)
+        return tuple(from_chunks(x_nBC) for x_nBC in out)
 
     def _logp_batch(self, params, batch):
         def body(_, mb):

@@ -215,6 +215,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         length_penalty_q=float(r.rewards.length_q),
         schedule=schedule,
         router_replay=r.router_replay,
+        logit_chunk_tokens=int(config.train.loss_chunk_tokens),
     )
     rollouts_dir = workdir / "rollouts"
     if primary:

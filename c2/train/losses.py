@@ -99,6 +99,21 @@ def bits_per_byte(nll_sum_nats, n_bytes):
     return nll_sum_nats / (math.log(2.0) * jnp.maximum(n_bytes, 1))
 
 
+def to_chunks(x_BT: jax.Array, chunk_tokens: int) -> jax.Array:
+    """[B, T, ...] -> [T / chunk_tokens, B, chunk_tokens, ...]: chunk j holds positions
+    t = c * (T / chunk_tokens) + j. Strided, so a sequence split over the `context` mesh axis
+    gives every shard an equal slice of each chunk and the scan axis is never sharded."""
+    B, T = x_BT.shape[:2]
+    x = x_BT.reshape(B, chunk_tokens, T // chunk_tokens, *x_BT.shape[2:])
+    return jnp.moveaxis(x, 2, 0)
+
+
+def from_chunks(x_nBC: jax.Array) -> jax.Array:
+    """The inverse of `to_chunks`: [n, B, C, ...] -> [B, C * n, ...]."""
+    n, B, C = x_nBC.shape[:3]
+    return jnp.moveaxis(x_nBC, 0, 2).reshape(B, C * n, *x_nBC.shape[3:])
+
+
 def chunked_lm_sums(
     head,
     h_BTH: jax.Array,
@@ -119,10 +134,8 @@ def chunked_lm_sums(
     model's final normed hidden state, `mtp_h_DBTH` the MTP modules' normed ones (depth d at t
     predicts what the main head at t+d does: the teacher is the main head applied to h at t+d,
     recomputed per chunk under stop_gradient, one head matmul per depth more than the unchunked
-    path). Chunk j holds positions t = c * (T / chunk_tokens) + j (c < chunk_tokens): strided, so
-    a sequence split over the `context` mesh axis gives every shard an equal slice of each chunk
-    and the scan axis is never sharded. Returns nll_sum and tokens, and per depth d (1-based)
-    mtp{d}_loss_sum, mtp{d}_accepted and mtp{d}_positions.
+    path). The chunks are `to_chunks`'s (strided over the sequence). Returns nll_sum and tokens,
+    and per depth d (1-based) mtp{d}_loss_sum, mtp{d}_accepted and mtp{d}_positions.
     """
     B, T, _ = h_BTH.shape
     chex.assert_shape((targets_BT, loss_mask_BT), (B, T))
@@ -132,7 +145,6 @@ def chunked_lm_sums(
             f"length {T}"
         )
     _check_distill_kind(kind)
-    n_chunks = T // chunk_tokens
     mask_BT = loss_mask_BT.astype(jnp.float32)
     rows = {"h": h_BTH, "targets": targets_BT.astype(jnp.int32), "mask": mask_BT}
     depths = 0 if mtp_h_DBTH is None else mtp_h_DBTH.shape[0]
@@ -149,10 +161,6 @@ def chunked_lm_sums(
                 mtp_valid_BT(segment_ids_BT, loss_mask_BT, d).astype(jnp.float32),
                 ((0, 0), (0, d)),
             )
-
-    def to_chunks(x):  # [B, T, ...] -> [n_chunks, B, chunk_tokens, ...], t = c * n_chunks + j
-        x = x.reshape(B, chunk_tokens, n_chunks, *x.shape[2:])
-        return jnp.moveaxis(x, 2, 0)
 
     def chunk_sums(r):
         out = {}
@@ -172,7 +180,7 @@ def chunked_lm_sums(
     def body(acc, r):
         return jax.tree.map(jnp.add, acc, chunk_sums(r)), None
 
-    chunks = jax.tree.map(to_chunks, rows)
+    chunks = jax.tree.map(lambda x: to_chunks(x, chunk_tokens), rows)
     zeros = jax.tree.map(
         lambda s: jnp.zeros((), s.dtype),
         jax.eval_shape(chunk_sums, jax.tree.map(lambda x: x[0], chunks)),

@@ -27,6 +27,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
     mesh, cfg, objective, _ = validate_rl(config, num_devices=n, load_files=False)
     assert n == 256 and mesh["expert"] == 8 and cfg.n_experts == 384
     assert objective.group_size == 16
+    assert all(b % config.train.loss_chunk_tokens == 0 for b in config.rl.seq_buckets)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +37,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
         ("rl.micro_batch_size", 3, r"config\.rl\.micro_batch_size=3 does not divide"),
         ("rl.seq_buckets", (512, 256), r"config\.rl\.seq_buckets"),
         ("rl.rollout.max_tokens", 4096, r"config\.rl\.rollout\.max_tokens=4096 exceeds"),
+        ("train.loss_chunk_tokens", 384, r"loss_chunk_tokens=384 \(the RL step's LM head"),
         ("rl.objective.advantage", "nope", r"config\.rl\.objective: advantage='nope'"),
         ("rl.objective.kl_kind", "k9", r"config\.rl\.objective: kl_kind"),
         ("rl.max_staleness", -1, r"config\.rl\.max_staleness: expected >= 0"),

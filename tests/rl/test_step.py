@@ -6,6 +6,7 @@ One tiny float32 model; every learner is built once per module (compiles dominat
 """
 
 import dataclasses
+import re
 
 import chex
 import jax
@@ -342,6 +343,34 @@ def test_micro_batches_give_the_same_update(params, reference, random_batch):
     chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
     chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_logits_give_the_same_update(params, learner, reference, random_batch):
+    """The LM head and log-probs over 4 chunks of 8 positions (`logit_chunk_tokens`): the same
+    log-probs and update, and the compiled step holds no whole [micro-batch, T, V] logits."""
+    chunked = make_learner(ONE_DEVICE, MICRO, logit_chunk_tokens=8)
+    batch = random_batch[0]
+    np.testing.assert_allclose(
+        np.asarray(chunked.logprobs(params, batch)),
+        np.asarray(learner.logprobs(params, batch)),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    new, _, metrics, per_sample = run_update(chunked, params, *random_batch)
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+
+    def sorted_rows(lrn):
+        """Rows of the [rows, V] logits the top-k/top-p support sorts, in the compiled step."""
+        placed = lrn._put_batch(batch)
+        hlo = lrn._logp_jit.lower(lrn.shard_params(params), placed).compile().as_text()
+        return set(re.findall(rf"\(f32\[(\d+),{CFG.vocab_size}\]\S*, [^)]*\) sort\(", hlo))
+
+    assert sorted_rows(learner) == {str(MICRO * T)} and sorted_rows(chunked) == {str(MICRO * 8)}
+    with pytest.raises(ValueError, match="logit_chunk_tokens=5 does not divide"):
+        make_learner(ONE_DEVICE, MICRO, logit_chunk_tokens=5).logprobs(params, batch)
 
 
 def test_sharded_equals_single_device(params, reference, random_batch):
