@@ -364,7 +364,12 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
         lo = r * cap
         here = (slot >= lo) & (slot < lo + cap)
         s = jnp.where(here, slot - lo, cap)  # other rounds' rows go to a scratch row, cut off
-        buf = jnp.zeros((ep, cap + 1, H), x_TH.dtype).at[dest, s].set(x_sorted)[:, :cap]
+        # The buffer gathers its rows (take_rows: a gather both ways): a float scatter with the
+        # scratch row's repeated indices would be differentiated by tagging every element with
+        # a u32 id, arrays of the buffer's full size.
+        src = jnp.full((ep, cap + 1), N, jnp.int32).at[dest, s].set(jnp.arange(N, dtype=jnp.int32))
+        inv = jnp.where(here, dest * cap + s, ep * cap)  # where each sorted row goes, if here
+        buf = take_rows(x_sorted, src[:, :cap].reshape(-1), inv).reshape(ep, cap, H)
         eid = jnp.full((ep, cap + 1), E_loc, jnp.int32).at[dest, s].set(e_sorted)[:, :cap]
         recv = jax.lax.all_to_all(buf, "expert", 0, 0, tiled=True)  # [ep, cap, H] by source
         recv_eid = jax.lax.all_to_all(eid, "expert", 0, 0, tiled=True)
@@ -372,13 +377,15 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
         r_order = jnp.argsort(r_eid, stable=True)  # empty rows (id E_loc) sort last
         sizes = jnp.bincount(r_eid, length=E_loc).astype(jnp.int32)
         y = grouped_mlp(r_flat[r_order], p, sizes, c)
-        y = jnp.zeros_like(y).at[r_order].set(y).reshape(ep, cap, H)
+        y = jnp.zeros_like(y).at[r_order].set(y, unique_indices=True).reshape(ep, cap, H)
         back = jax.lax.all_to_all(y, "expert", 0, 0, tiled=True)  # results, by destination
         return jnp.where(here[:, None], back[dest, jnp.minimum(s, cap - 1)], 0)
 
     zeros = jnp.zeros((N, H), jnp.dtype(c.dtype))
     y_sorted = _exchange_rounds(round_fn, N, cap, send.max(), c, zeros)
-    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
+    # A permutation: unique indices, so JAX differentiates the scatter without per-element ids.
+    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted, unique_indices=True)
+    y_TKH = y_TKH.reshape(T, K, H)
     out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_sorted.dtype))
     kept = slot < (cap if c.expert_capacity_factor is not None else N)
     dropped = jax.lax.psum(jnp.sum(~kept), (*sharding.BATCH_AXES, "context"))
@@ -419,13 +426,14 @@ def _dispatch_expert_parallel_ragged(x_TH, idx_TK, gates_TK, p, c: ModelConfig, 
         r_order = jnp.argsort(r_e, stable=True)
         sizes = jnp.bincount(r_e, length=E_loc).astype(jnp.int32)
         y = grouped_mlp(r_x[r_order], p, sizes, c)
-        y = jnp.zeros_like(y).at[r_order].set(y)
+        y = jnp.zeros_like(y).at[r_order].set(y, unique_indices=True)
         back_out = jax.lax.all_gather(in_off, "expert")[:, me]
         return exchange(y, jnp.zeros((N, H), y.dtype), jnp.cumsum(rcv) - rcv, rcv, back_out, snd)
 
     zeros = jnp.zeros((N, H), jnp.dtype(c.dtype))
     y_sorted = _exchange_rounds(round_fn, N, cap, send.max(), c, zeros)
-    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted).reshape(T, K, H)
+    y_TKH = jnp.zeros_like(y_sorted).at[order].set(y_sorted, unique_indices=True)
+    y_TKH = y_TKH.reshape(T, K, H)
     out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_sorted.dtype))
     return out, jnp.zeros((), jnp.int32)
 
