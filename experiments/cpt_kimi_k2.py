@@ -15,7 +15,10 @@ Expected: held-out bits per byte of the code corpus falls log-linearly with comp
 Layout: expert parallelism 8 (48 of the 384 experts per shard), FSDP 32 over the rest; expert
 weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments take ~53 GB per GPU
 (tests/train/test_configs.py checks this without allocating anything). bf16/MXFP8 compute, fp32
-master weights, rematerialised layers.
+master weights, rematerialised layers, the Pallas MXFP8 kernels, 2 micro-batches: the whole step
+needs 236 GB per GPU compiled for B300s (fits 288 GB), 232 GB for H200s (does not fit 141 GB),
+by `python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py
+--compile_for b300` (XLA:GPU, device-less; BENCHMARKS.md).
 """
 
 from c2.train.config import stage_defaults
@@ -32,6 +35,9 @@ def get_config(arg=None):
     c.model.quant = "mxfp8"
     c.model.overrides.mtp_depth = 1  # the recipe adds an MTP module, trained by self-distillation
     c.model.overrides.remat = True
+    # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
+    # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
+    c.model.overrides.mxfp8_impl = "pallas"
     c.data.kind = "pretrain"
     c.data.corpus = "/data/code.array_record"
     c.data.tokenizer = "/data/Kimi-K2-Instruct/tokenizer.json"
@@ -58,6 +64,8 @@ def get_config(arg=None):
     # The LM head + losses over chunks of positions: the whole [tokens, vocab] float32 logits
     # (43 GB per copy per GPU at 65,536 tokens x 163,840) never exist (c2.bench.plan).
     c.train.loss_chunk_tokens = 2048
+    # Gradient accumulation: the 2 sequences of 32k per GPU one at a time (c2.bench.plan).
+    c.train.micro_batches = 2
     c.train.router_bias_rate = 1e-3
     c.train.progress_bar = False
     return c

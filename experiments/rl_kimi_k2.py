@@ -26,6 +26,9 @@ def get_config(arg=None):
     c.model.quant = "mxfp8"
     c.model.overrides.mtp_depth = 1
     c.model.overrides.remat = True
+    # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
+    # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
+    c.model.overrides.mxfp8_impl = "pallas"
     c.model.overrides.max_seq_len = 262144
     c.model.yarn.factor = 64.0
     c.model.yarn.original_max_position_embeddings = 4096
