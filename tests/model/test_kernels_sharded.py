@@ -2,7 +2,9 @@
 has no all-gather of the kernels' token operands (the router's logits [T, E] and indices [T, K];
 the dense MXFP8 matmul's activations [T, K] and output gradient [T, M]) and the results equal the
 unsharded call. A Pallas call has no partitioning rule; outside shard_map XLA gathers its operands
-and runs the global call on every device (what the check would catch)."""
+and runs the global call on every device (what the check would catch). Interpreted on the CPU a
+kernel is plain HLO that XLA partitions, so the tests also check each `pallas_call`'s place: in a
+shard_map, for the whole model's loss and gradient."""
 
 import re
 
