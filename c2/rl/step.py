@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from c2 import model as model_lib
-from c2 import sharding
+from c2 import sharding, xla_cpu
 from c2.infer.sampling import sampling_logprobs
 from c2.model.config import ModelConfig
 from c2.model.layers import rms_norm
@@ -208,13 +208,17 @@ class RLLearner:
         self._specs |= {k: P() for k in CHAIN_KEYS}  # [B_c]: a few values, on every device
         self._row_spec = P(token_spec[0])
         token_sharding = NamedSharding(mesh, token_spec)
-        self._logp_jit = jax.jit(self._logp_batch, out_shardings=(token_sharding,) * 3)
+        options = xla_cpu.train_options()
+        self._logp_jit = jax.jit(
+            self._logp_batch, out_shardings=(token_sharding,) * 3, compiler_options=options
+        )
         # Metrics and per-sample values replicated: every process (host) can read them whole.
         replicated = NamedSharding(mesh, P())
         self._update_jit = jax.jit(
             self._update,
             out_shardings=(self.param_shardings, self.opt_shardings, replicated, replicated),
             donate_argnums=(0, 1),
+            compiler_options=options,
         )
 
     # State ------------------------------------------------------------------------------------

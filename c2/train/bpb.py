@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from c2 import model as model_lib
-from c2 import sharding
+from c2 import sharding, xla_cpu
 from c2.train.losses import mtp_distillation, next_token_loss
 
 
@@ -60,7 +60,10 @@ def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
 @functools.lru_cache(maxsize=16)
 def _eval_fn(cfg: model_lib.ModelConfig, mesh: Mesh | None):
     # Parameters keep the shardings they live in; batches are placed by `heldout_bpb`.
-    return jax.jit(functools.partial(eval_sums, cfg=cfg, mesh=mesh))
+    return jax.jit(
+        functools.partial(eval_sums, cfg=cfg, mesh=mesh),
+        compiler_options=xla_cpu.train_options(),
+    )
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from c2 import xla_cpu
+
 # loss_fn(params, batch, rng) -> (loss, (metrics: dict of scalars, aux: pytree))
 LossFn = Callable[..., tuple[jax.Array, tuple[dict, object]]]
 # post_update(params, aux) -> params, applied after the optimiser (e.g. router-bias balancing)
@@ -135,4 +137,4 @@ def compile_step(step_fn, params, opt_state, rng, batch, *, batch_sharding):
         abstract(rng),
         jax.ShapeDtypeStruct((), jnp.int32),
         abstract(batch),
-    ).compile()
+    ).compile(compiler_options=xla_cpu.train_options())
