@@ -1,7 +1,7 @@
 """Training throughput (forward + backward) of c2 vs transformers (PyTorch) on the same model.
 
     python -m c2.bench.model_throughput [--preset tiny_kimi_k2] [--batch 8] [--seq 256]
-        [--repeats 7] [--dtype float32] [--require-quiet] [--out FILE.json]
+        [--repeats 7] [--dtype float32] [--xla_defaults] [--require-quiet] [--out FILE.json]
 
 Both sides run identical weights (c2 params exported with c2.model.hf), the same batch, on the
 CPU, next-token cross-entropy, and time a full step (loss, backward) and a forward. The runs are
@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2 import model
+from c2 import model, xla_cpu
 from c2.bench import fair
 from c2.bench.peak import host_matmul_peak_flops
 
@@ -39,10 +39,12 @@ def _loss(cfg):
     return loss
 
 
-def c2_step(cfg, params, tokens, backward: bool = True):
-    """A call running one c2 step (loss and gradients, or the loss only) to completion."""
+def c2_step(cfg, params, tokens, backward: bool = True, xla_defaults: bool = False):
+    """A call running one c2 step (loss and gradients, or the loss only) to completion, compiled
+    as c2's training programs are (c2/xla_cpu.py) or, with `xla_defaults`, with XLA's defaults."""
     loss = _loss(cfg)
-    f = jax.jit(jax.value_and_grad(loss) if backward else loss)
+    options = {} if xla_defaults else xla_cpu.train_options()
+    f = jax.jit(jax.value_and_grad(loss) if backward else loss, compiler_options=options)
     toks = jnp.asarray(tokens)
     return lambda: jax.block_until_ready(f(params, toks))
 
@@ -99,6 +101,11 @@ def main(argv=None):
     ap.add_argument("--pause", type=float, default=0.2, help="untimed seconds before each call")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (= cores)")
     ap.add_argument("--dense", action="store_true", help="also time c2's dense-expert path")
+    ap.add_argument(
+        "--xla_defaults",
+        action="store_true",
+        help="also time c2's step compiled with XLA's default options (c2/xla_cpu.py)",
+    )
     ap.add_argument("--skip-torch", action="store_true")
     ap.add_argument(
         "--require-quiet", action="store_true", help="refuse to run at load average >= 0.5"
@@ -118,6 +125,11 @@ def main(argv=None):
         "c2 fwd+bwd": c2_step(cfg, params, tokens),
         "c2 forward only": c2_step(cfg, params, tokens, backward=False),
     }
+    if args.xla_defaults:
+        runs["c2 fwd+bwd, XLA defaults"] = c2_step(cfg, params, tokens, xla_defaults=True)
+        runs["c2 forward only, XLA defaults"] = c2_step(
+            cfg, params, tokens, backward=False, xla_defaults=True
+        )
     if args.dense:
         runs["c2 fwd+bwd (dense experts)"] = c2_step(cfg.replace(moe_impl="dense"), params, tokens)
     torch_desc = None
