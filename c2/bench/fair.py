@@ -156,12 +156,14 @@ def load_check(
     require_quiet: bool = False,
     load: Callable[[], tuple[float, float, float]] = load_average,
     out=None,
+    cpu: Callable[[], tuple[float, float] | None] | None = None,
 ) -> LoadCheck:
     """Read the load average before a benchmark: print it, warn loudly when it is at or above
-    `threshold`, and exit (SystemExit 2) instead when `require_quiet`. Call `finish` after."""
+    `threshold`, and exit (SystemExit 2) instead when `require_quiet`. Call `finish` after.
+    `load` and `cpu` (default `cpu_seconds`) are the readings, replaceable in tests."""
     out = out or sys.stderr
     check = LoadCheck(threshold, before=load())
-    cpu = cpu_seconds()
+    cpu = (cpu or cpu_seconds)()
     if cpu is not None:
         check._start = (time.perf_counter(), *cpu)
     print(f"load average before: {_fmt(check.before)}", file=out)
@@ -178,11 +180,12 @@ def finish(
     check: LoadCheck,
     load: Callable[[], tuple[float, float, float]] = load_average,
     out=None,
+    cpu: Callable[[], tuple[float, float] | None] | None = None,
 ) -> LoadCheck:
     """Read the load average after the benchmark; warn again if the machine was busy."""
     out = out or sys.stderr
     check.after = load()
-    cpu = cpu_seconds()
+    cpu = (cpu or cpu_seconds)()
     if cpu is not None and check._start is not None:
         wall = time.perf_counter() - check._start[0]
         others = (cpu[0] - check._start[1]) - (cpu[1] - check._start[2])

@@ -43,15 +43,19 @@ def test_timing_median_and_spread():
 
 def test_quiet_machine_passes_without_warning():
     out = io.StringIO()
-    check = fair.load_check(load=lambda: (0.1, 0.2, 0.3), out=out)
-    check = fair.finish(check, load=lambda: (1.9, 0.5, 0.3), out=out)  # its own threads
+    # The machine's busy CPU seconds grew only by this process's own: no other process ran.
+    readings = iter([(100.0, 10.0), (103.0, 13.0)])
+    cpu = lambda: next(readings)
+    check = fair.load_check(load=lambda: (0.1, 0.2, 0.3), out=out, cpu=cpu)
+    check = fair.finish(check, load=lambda: (1.9, 0.5, 0.3), out=out, cpu=cpu)  # its own threads
     assert "WARNING" not in out.getvalue()
     assert "load average before: 0.10 / 0.20 / 0.30" in out.getvalue()
     assert "load average after: 1.90" in out.getvalue()
+    assert "other processes used 0.00 cores" in out.getvalue()
     rec = check.record()
     assert rec["load_average_before"] == (0.1, 0.2, 0.3)
     assert rec["load_average_after"] == (1.9, 0.5, 0.3)
-    assert rec["machine_busy"] is (check.others_cores is not None and check.others_cores >= 0.5)
+    assert rec["machine_busy"] is False
 
 
 def test_busy_machine_warns_loudly_and_records_it():
@@ -73,6 +77,13 @@ def test_require_quiet_refuses_a_busy_machine():
 
 
 def test_other_processes_cpu_during_the_run_marks_it_busy():
+    out = io.StringIO()
+    readings = iter([(100.0, 10.0), (104.0, 11.0)])  # 3 CPU seconds not this process's
+    cpu = lambda: next(readings)
+    check = fair.load_check(load=lambda: (0.1, 0.1, 0.1), out=out, cpu=cpu)
+    assert "WARNING" not in out.getvalue()
+    fair.finish(check, load=lambda: (0.1, 0.1, 0.1), out=out, cpu=cpu)
+    assert check.others_cores > 0.5 and "WARNING: the machine is busy" in out.getvalue()
     check = fair.LoadCheck(before=(0.1, 0.1, 0.1), others_cores=0.7)
     assert check.busy
     assert not fair.LoadCheck(before=(0.1, 0.1, 0.1), others_cores=0.2).busy
