@@ -156,16 +156,16 @@ def load_check(
     require_quiet: bool = False,
     load: Callable[[], tuple[float, float, float]] = load_average,
     out=None,
-    cpu: Callable[[], tuple[float, float] | None] | None = None,
+    cpu: Callable[[], tuple[float, float] | None] = cpu_seconds,
 ) -> LoadCheck:
     """Read the load average before a benchmark: print it, warn loudly when it is at or above
     `threshold`, and exit (SystemExit 2) instead when `require_quiet`. Call `finish` after.
-    `load` and `cpu` (default `cpu_seconds`) are the readings, replaceable in tests."""
+    `load` and `cpu` are the readings (replaceable in tests)."""
     out = out or sys.stderr
     check = LoadCheck(threshold, before=load())
-    cpu = (cpu or cpu_seconds)()
-    if cpu is not None:
-        check._start = (time.perf_counter(), *cpu)
+    reading = cpu()
+    if reading is not None:
+        check._start = (time.perf_counter(), *reading)
     print(f"load average before: {_fmt(check.before)}", file=out)
     if check.busy:
         msg = WARNING.format(load=check.before[0], threshold=threshold)
@@ -180,15 +180,15 @@ def finish(
     check: LoadCheck,
     load: Callable[[], tuple[float, float, float]] = load_average,
     out=None,
-    cpu: Callable[[], tuple[float, float] | None] | None = None,
+    cpu: Callable[[], tuple[float, float] | None] = cpu_seconds,
 ) -> LoadCheck:
     """Read the load average after the benchmark; warn again if the machine was busy."""
     out = out or sys.stderr
     check.after = load()
-    cpu = (cpu or cpu_seconds)()
-    if cpu is not None and check._start is not None:
+    reading = cpu()
+    if reading is not None and check._start is not None:
         wall = time.perf_counter() - check._start[0]
-        others = (cpu[0] - check._start[1]) - (cpu[1] - check._start[2])
+        others = (reading[0] - check._start[1]) - (reading[1] - check._start[2])
         check.others_cores = max(0.0, others) / max(wall, 1e-9)
     others = (
         ""
