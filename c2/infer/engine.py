@@ -27,8 +27,12 @@ from c2.infer import steps
 from c2.infer.records import Completion, SequenceRecord, Trajectory
 from c2.infer.sampling import SamplingParams
 from c2.model.config import ModelConfig
+from c2.model.transformer import unstack
 
 MIN_BUCKET = 16
+
+
+_unstack = jax.jit(unstack)  # one compiled call per weight update, not one slice per leaf
 
 
 def _token_array(tokens, vocab_size: int, what: str) -> np.ndarray:
@@ -128,7 +132,9 @@ class Engine:
             steps_per_call=_positive_int(steps_per_call, "steps_per_call"),
         )
         self.recompute_kv = bool(recompute_kv)
-        self.params = params
+        self._param_tree = jax.tree.structure(params)
+        self._param_leaves = [(a.shape, a.dtype) for a in jax.tree.leaves(params)]
+        self.params = _unstack(params)  # the decoding layout: per-layer buffers
         self.version = int(version)
         self._base_key = jax.random.key(int(seed))
         self._state = None  # built lazily: nothing is allocated or compiled before a step
@@ -266,13 +272,12 @@ class Engine:
 
     def update_weights(self, params, version: int) -> None:
         """New weights for every in-flight sequence from the next decode step on (thread-safe)."""
-        want = jax.tree.structure(self.params)
-        if jax.tree.structure(params) != want:
+        if jax.tree.structure(params) != self._param_tree:
             raise ValueError("update_weights: params have a different tree structure")
-        for a, b in zip(jax.tree.leaves(self.params), jax.tree.leaves(params)):
-            if a.shape != b.shape or a.dtype != b.dtype:
+        for (shape, dtype), b in zip(self._param_leaves, jax.tree.leaves(params)):
+            if shape != b.shape or dtype != b.dtype:
                 raise ValueError(
-                    f"update_weights: a leaf changed from {a.dtype}{list(a.shape)} to "
+                    f"update_weights: a leaf changed from {dtype}{list(shape)} to "
                     f"{b.dtype}{list(b.shape)}"
                 )
         with self._lock:
@@ -374,7 +379,8 @@ class Engine:
         if update is None:
             return
         t0 = time.perf_counter()
-        self.params, self.version = update
+        params, self.version = update
+        self.params = _unstack(params)
         self._stats["weight_updates"] += 1
         if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
             for seq in self._slots:

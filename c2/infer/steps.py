@@ -1,8 +1,11 @@
 """The engine's compiled functions: feed a chunk into one slot, and a batched decode step (plain,
 or MTP speculative) over every slot at once. Shapes are static; slots are rows of one state.
 
+Params and cache come in the model's decoding layout (c2.model.unstack: a list of per-layer
+trees per layer group), so a step reads each layer's weights and updates its cache in place.
+
 State (a dict of [B] arrays, B = slots, plus the caches):
-  cache      the model's KV cache; cache["pos"] [B] counts each row's fed tokens.
+  cache      the model's KV cache, unstacked; cache["pos"] [B] counts each row's fed tokens.
   tok        the row's pending token: sampled, not yet fed.
   phase      0 idle (free, or paused awaiting more tokens), 1 generating, 2 flush (feed the
              final token once, to record its routing, then go idle).
@@ -33,7 +36,7 @@ from c2.infer import sampling
 from c2.model.attention import init_layer_cache
 from c2.model.config import ModelConfig
 from c2.model.layers import rms_norm
-from c2.model.transformer import forward, lm_head, mtp_module
+from c2.model.transformer import forward, init_cache, lm_head, mtp_module, mtp_params, unstack
 
 GROUPS = ("dense", "moe")
 
@@ -58,10 +61,8 @@ def routing_dtype(cfg: ModelConfig):
 
 def init_state(spec: StepSpec) -> dict:
     c, B = spec.cfg, spec.n_slots
-    from c2.model.transformer import init_cache
-
     state = {
-        "cache": init_cache(c, B, spec.cache_len),
+        "cache": unstack(init_cache(c, B, spec.cache_len)),
         "tok": jnp.zeros((B,), jnp.int32),
         "phase": jnp.zeros((B,), jnp.int32),
         "rid": jnp.zeros((B,), jnp.int32),
@@ -171,10 +172,10 @@ def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
     groups = [g for g in GROUPS if g in cache]
 
     def take_row(a):
-        return jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=1)
+        return jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=0)
 
     def put_row(a, r):
-        return jax.lax.dynamic_update_slice_in_dim(a, r, slot, axis=1)
+        return jax.lax.dynamic_update_slice_in_dim(a, r, slot, axis=0)
 
     row = {"pos": s[None], **{g: jax.tree.map(take_row, cache[g]) for g in groups}}
     logits, aux = forward(params, tokens_C[None], c, cache=row, return_hidden=True)
@@ -241,7 +242,7 @@ def _plain_step(params, state: dict, base_key, spec: StepSpec):
 
 
 def _draft_logits(params, g, c: ModelConfig):
-    return lm_head(params, rms_norm(g, params["mtp"]["norm"][0], c.rms_norm_eps), c)[:, 0]
+    return lm_head(params, rms_norm(g, mtp_params(params, 0)["norm"], c.rms_norm_eps), c)[:, 0]
 
 
 def _spec_step(params, state: dict, base_key, spec: StepSpec):

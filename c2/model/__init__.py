@@ -17,6 +17,8 @@ from c2.model.transformer import (
     lm_head,
     mtp_logits,
     prefill,
+    restack,
+    unstack,
     update_router_bias,
 )
 
@@ -44,6 +46,8 @@ __all__ = [
     "lm_head",
     "mtp_logits",
     "prefill",
+    "restack",
+    "unstack",
     "update_router_bias",
     "load_hf_checkpoint",
 ]

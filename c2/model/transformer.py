@@ -57,12 +57,15 @@ def _unroll_layers() -> bool:
     return target.backend() == "cpu"
 
 
-def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache):
-    """Scan a stack of identical layers; routing and cache are sliced per layer."""
+def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, kv_stack, pos):
+    """Scan a stack of identical layers; routing and the cache (`kv_stack`) are sliced per
+    layer. `layers` (and `kv_stack`) may instead be lists of per-layer trees (`unstack`, the
+    engine's decoding layout): the loop is then unrolled over them, so no layer's weights or
+    cache are sliced out of a stack (XLA copies every slice) or restacked after."""
 
     def body(x, xs):
         lp, r, kv = xs
-        kv = None if kv is None else dict(kv, pos=cache["pos"])
+        kv = None if kv is None else dict(kv, pos=pos)
         x, stats, kv = block(x, lp, c, positions, segment_ids, mesh, moe, r, kv)
         if kv is not None:
             kv.pop("pos")
@@ -72,9 +75,17 @@ def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, cache
         # prevent_cse=False is right inside a loop; but XLA removes a loop of one trip (Kimi-K2's
         # single dense layer), and in the straight-line code left it would merge the backward's
         # recomputation with the forward, keeping the layer's activations after all.
-        one_layer = jax.tree.leaves(layers)[0].shape[0] == 1
+        one_layer = isinstance(layers, list) or jax.tree.leaves(layers)[0].shape[0] == 1
         body = jax.checkpoint(body, prevent_cse=one_layer)
-    kv_stack = None if cache is None else {k: v for k, v in cache.items() if k != "pos"}
+    if isinstance(layers, list):
+        stats, kvs = [], []
+        for i, lp in enumerate(layers):
+            r = None if routing is None else routing[i]
+            x, (st, kv) = body(x, (lp, r, None if kv_stack is None else kv_stack[i]))
+            stats.append(st)
+            kvs.append(kv)
+        stats = None if stats[0] is None else jax.tree.map(lambda *a: jnp.stack(a), *stats)
+        return x, stats, None if kv_stack is None else kvs
     x, (stats, kv_stack) = jax.lax.scan(
         body, x, (layers, routing, kv_stack), unroll=_unroll_layers()
     )
@@ -156,7 +167,6 @@ def forward(
     for group, moe, n in (("dense", False, c.first_k_dense), ("moe", True, c.n_moe_layers)):
         if not n:
             continue
-        kv = None if cache is None else dict(cache[group], pos=cache["pos"])
         x, stats, kv = _scan_layers(
             x,
             params[f"{group}_layers"],
@@ -166,7 +176,8 @@ def forward(
             mesh,
             moe,
             routing if moe else None,
-            kv,
+            None if cache is None else cache[group],
+            None if cache is None else cache["pos"],
         )
         if cache is not None:
             new_cache[group] = kv
@@ -225,7 +236,7 @@ def mtp_module(
     """One MTP module (0-based `depth`): hidden h [B,T,H] at t and token t+depth+1 [B,T] -> the
     module's hidden [B,T,H] (and its one-layer cache, `pos` included, when a cache is given)."""
     c = cfg
-    mp = jax.tree.map(lambda a: a[depth], params["mtp"])
+    mp = mtp_params(params, depth)
     if segment_ids is None:
         segment_ids = jnp.ones(next_tokens.shape, jnp.int32)
     e = rms_norm(embed(params, next_tokens, c), mp["enorm"], c.rms_norm_eps)
@@ -235,6 +246,13 @@ def mtp_module(
         h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0, cache=cache
     )
     return h, cache
+
+
+def mtp_params(params, depth: int) -> dict:
+    """MTP module `depth`'s parameters, from the stacked tree or an `unstack`ed one."""
+    if isinstance(params["mtp"], list):
+        return params["mtp"][depth]
+    return jax.tree.map(lambda a: a[depth], params["mtp"])
 
 
 def mtp_logits(params, aux, cfg: ModelConfig) -> jax.Array:
@@ -266,6 +284,32 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict:
     if cfg.n_moe_layers:
         cache["moe"] = init_layer_cache(cfg, cfg.n_moe_layers, batch, max_len, dtype)
     return cache
+
+
+LAYER_GROUPS = {"dense_layers": "dense", "moe_layers": "moe"}  # params key: cache key
+
+
+def unstack(tree: dict) -> dict:
+    """Params or a KV cache with every layer stack (and the MTP modules) split into a list of
+    per-layer trees: the decoding layout, which `forward` and `mtp_module` take as they take the
+    stacked one. Each layer then has buffers of its own, so a compiled decode step reads its
+    weights in place and updates its (donated) cache in place, where slicing a stack copies each
+    layer's weights and cache on every call and restacks the cache after (BENCHMARKS.md)."""
+    out = dict(tree)
+    for key in (*LAYER_GROUPS, *LAYER_GROUPS.values(), "mtp"):
+        if key in out and not isinstance(out[key], list):
+            n = jax.tree.leaves(out[key])[0].shape[0]
+            out[key] = [jax.tree.map(lambda a, i=i: a[i], out[key]) for i in range(n)]
+    return out
+
+
+def restack(tree: dict) -> dict:
+    """The inverse of `unstack`."""
+    out = dict(tree)
+    for key in (*LAYER_GROUPS, *LAYER_GROUPS.values(), "mtp"):
+        if isinstance(out.get(key), list):
+            out[key] = jax.tree.map(lambda *a: jnp.stack(a), *out[key])
+    return out
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))

@@ -37,6 +37,36 @@ def test_decode_matches_full_forward(name):
     np.testing.assert_array_equal(cache["pos"], lengths + 8)
 
 
+@pytest.mark.parametrize("name", ["tiny_kimi_k2", "tiny_qwen3_moe"])
+def test_unstacked_layout_decodes_identically(name):
+    """The decoding layout (per-layer params and cache lists) gives the stacked layout's logits,
+    routing and cache bit for bit, through prefill and a decode step, and the MTP module too."""
+    c, p, toks = _setup(name)
+    up = model.unstack(p)
+    assert len(up["moe_layers"]) == c.n_moe_layers
+    assert isinstance(up["moe_layers"][0]["mlp"]["w_gate"], jax.Array)
+    chex.assert_trees_all_equal(model.restack(up), p)
+    lengths = jnp.asarray([8, 5])
+    stacked = model.init_cache(c, batch=2, max_len=24)
+    flat = model.unstack(model.init_cache(c, batch=2, max_len=24))  # both are donated
+    a, aux_a, stacked = model.prefill(p, toks[:, :8], stacked, lengths, cfg=c)
+    b, aux_b, flat = model.prefill(up, toks[:, :8], flat, lengths, cfg=c)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(aux_a["topk_idx"], aux_b["topk_idx"])
+    a, _, stacked = model.decode_step(p, toks[:, 8:9], stacked, cfg=c)
+    b, _, flat = model.decode_step(up, toks[:, 8:9], flat, cfg=c)
+    np.testing.assert_array_equal(a, b)
+    chex.assert_trees_all_equal(model.restack(flat), stacked)
+    if c.mtp_depth:
+        from c2.model.transformer import mtp_module
+
+        h = jax.random.normal(jax.random.key(2), (2, 16, c.d_model))
+        pos = jnp.broadcast_to(jnp.arange(16), (2, 16))
+        want, _ = mtp_module(p, 0, h, toks, c, positions=pos)
+        got, _ = mtp_module(up, 0, h, toks, c, positions=pos)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_mla_cache_holds_latent_not_heads():
     c = model.presets.get("tiny_kimi_k2")
     cache = model.init_cache(c, batch=3, max_len=10)
