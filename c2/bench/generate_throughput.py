@@ -12,7 +12,9 @@ workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
 
 Command:
     python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt [--batch 32]
-    (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights)
+    (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights; --requests 32
+    with --batch 8: 32 prompts streamed through 8 slots, each refilled as its row finishes, as
+    the RL engine runs, instead of one batch that waits for its slowest row)
 Timing is fair on a shared machine (c2.bench.fair): runs interleaved, medians with min-max
 spread, the load average before and after and other processes' CPU during the run printed and
 written to the JSON, a loud warning when the machine is busy (load >= 0.5; --require_quiet
@@ -100,10 +102,10 @@ def interleaved(runs: dict, repeats: int, pause: float = 0.2) -> dict:
     return {name: (timings[name], results[name]) for name in runs}
 
 
-def c2_run(params, cfg, prompts, new_tokens, **options):
-    """A run of the engine (greedy unless `temperature` is given) and the engine itself."""
-    B, P = prompts.shape
-    engine = Engine(params, cfg, max_slots=B, max_len=P + new_tokens, **options)
+def c2_run(params, cfg, prompts, new_tokens, slots, **options):
+    """A run of the engine (greedy unless `temperature` is given) over every prompt with `slots`
+    rows: more prompts than slots are admitted as rows free up (continuous batching)."""
+    engine = Engine(params, cfg, max_slots=slots, max_len=prompts.shape[1] + new_tokens, **options)
 
     def run():
         engine._stats.clear()  # stats of the last call only
@@ -113,8 +115,9 @@ def c2_run(params, cfg, prompts, new_tokens, **options):
     return run
 
 
-def hf_run(params, cfg, prompts, new_tokens):
-    """transformers generate, greedy, exactly new_tokens per row, on the exported weights."""
+def hf_run(params, cfg, prompts, new_tokens, batch):
+    """transformers generate, greedy, exactly new_tokens per row, on the exported weights, the
+    prompts in consecutive batches of `batch` (equal lengths: no padding, no waiting rows)."""
     import torch
     import transformers
 
@@ -127,16 +130,19 @@ def hf_run(params, cfg, prompts, new_tokens):
     ids = torch.tensor(prompts, dtype=torch.long)
 
     def run():
+        outs = []
         with torch.no_grad():
-            out = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=0,
-            )
-        return out[:, prompts.shape[1] :].numpy(), {
+            for chunk in torch.split(ids, batch):
+                out = hf.generate(
+                    chunk,
+                    attention_mask=torch.ones_like(chunk),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                )
+                outs.append(out[:, prompts.shape[1] :].numpy())
+        return np.concatenate(outs), {
             "torch_threads": torch.get_num_threads(),
             "transformers": transformers.__version__,
         }
@@ -187,7 +193,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--workdir", help="a pipeline workdir (DIR/<stage>/checkpoints)")
     ap.add_argument("--stage", default="cpt")
     ap.add_argument("--preset", default="tiny_kimi_k2", help="used when no --workdir is given")
-    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="engine slots (transformers' batch)")
+    ap.add_argument(
+        "--requests",
+        type=int,
+        help="prompts to generate for (default: --batch); more than --batch streams them through "
+        "the slots, refilling each as it finishes (continuous batching)",
+    )
     ap.add_argument("--prompt_len", type=int, default=64)
     ap.add_argument("--new_tokens", type=int, default=128)
     ap.add_argument("--drafts", default="1,2,3", help="MTP draft lengths to benchmark")
@@ -203,6 +215,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--require_quiet", action="store_true", help="refuse at load average >= 0.5")
     ap.add_argument("--out", help="write the results as JSON here")
     a = ap.parse_args(argv)
+    requests = a.batch if a.requests is None else a.requests
+    if requests < 1 or a.batch < 1:
+        raise ValueError(f"--batch {a.batch} --requests {requests}: expected both >= 1")
     check = fair.load_check(require_quiet=a.require_quiet)
 
     if a.workdir:
@@ -214,7 +229,7 @@ def main(argv=None) -> dict:
         source = f"{a.preset}, untrained"
     if a.moe_impl:
         cfg = cfg.replace(moe_impl=a.moe_impl)
-    prompts = heldout_prompts(a.batch, a.prompt_len, cfg.vocab_size)
+    prompts = heldout_prompts(requests, a.prompt_len, cfg.vocab_size)
     res = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {jax.default_backend()}",
@@ -222,6 +237,7 @@ def main(argv=None) -> dict:
         "dtype": cfg.dtype,
         "moe_impl": cfg.moe_impl,
         "batch": a.batch,
+        "requests": requests,
         "prompt_len": a.prompt_len,
         "new_tokens": a.new_tokens,
     }
@@ -229,13 +245,20 @@ def main(argv=None) -> dict:
     runs = {}
     for temperature in (0.0, 1.0):  # greedy (the comparison with transformers) and sampling
         opts = dict(temperature=temperature, seed=0, steps_per_call=a.steps_per_call)
-        runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, **opts)
+        runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, a.batch, **opts)
         for k in drafts:
             runs[f"c2 speculative k={k} T={temperature:g}"] = c2_run(
-                params, cfg, prompts, a.new_tokens, speculative=True, num_draft_tokens=k, **opts
+                params,
+                cfg,
+                prompts,
+                a.new_tokens,
+                a.batch,
+                speculative=True,
+                num_draft_tokens=k,
+                **opts,
             )
     if not a.skip_hf:
-        runs["transformers T=0"] = hf_run(params, cfg, prompts, a.new_tokens)
+        runs["transformers T=0"] = hf_run(params, cfg, prompts, a.new_tokens, a.batch)
     timed = interleaved(runs, a.repeats)
     check = fair.finish(check)
     res.update(check.record(), repeats=a.repeats, steps_per_call=a.steps_per_call)
