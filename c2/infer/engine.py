@@ -27,12 +27,13 @@ from c2.infer import steps
 from c2.infer.records import Completion, SequenceRecord, Trajectory
 from c2.infer.sampling import SamplingParams
 from c2.model.config import ModelConfig
-from c2.model.transformer import unstack
+from c2.model.transformer import restack, unstack
 
 MIN_BUCKET = 16
 
 
 _unstack = jax.jit(unstack)  # one compiled call per weight update, not one slice per leaf
+_restack = jax.jit(restack)
 
 
 def _token_array(tokens, vocab_size: int, what: str) -> np.ndarray:
@@ -134,7 +135,7 @@ class Engine:
         self.recompute_kv = bool(recompute_kv)
         self._param_tree = jax.tree.structure(params)
         self._param_leaves = [(a.shape, a.dtype) for a in jax.tree.leaves(params)]
-        self.params = _unstack(params)  # the decoding layout: per-layer buffers
+        self._params = _unstack(params)  # the decoding layout: per-layer buffers
         self.version = int(version)
         self._base_key = jax.random.key(int(seed))
         self._state = None  # built lazily: nothing is allocated or compiled before a step
@@ -270,6 +271,12 @@ class Engine:
             raise KeyError(f"unknown or released request id {request_id}")
         return self._seqs[request_id]
 
+    @property
+    def params(self):
+        """The weights decoding runs on, as the stacked tree `__init__`/`update_weights` take
+        (restacked on each read: the engine holds them per layer, `c2.model.unstack`)."""
+        return _restack(self._params)
+
     def update_weights(self, params, version: int) -> None:
         """New weights for every in-flight sequence from the next decode step on (thread-safe)."""
         if jax.tree.structure(params) != self._param_tree:
@@ -355,7 +362,7 @@ class Engine:
             chunk = np.zeros(size, np.int32)
             chunk[:n] = tokens[i : i + n]
             self._state, tok, lp, routing = steps.feed(
-                self.params,
+                self._params,
                 self.state,
                 self._base_key,
                 np.int32(seq.slot),
@@ -380,7 +387,7 @@ class Engine:
             return
         t0 = time.perf_counter()
         params, self.version = update
-        self.params = _unstack(params)
+        self._params = _unstack(params)
         self._stats["weight_updates"] += 1
         if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
             for seq in self._slots:
@@ -482,7 +489,11 @@ class Engine:
         if not (self._phase > 0).any():
             return events
         version = self.version
-        self._state, out = steps.decode(self.params, self.state, self._base_key, spec=self.spec)
+        filled = max(s.fed for s, ph in zip(self._slots, self._phase) if s is not None and ph)
+        kv_len = steps.attend_len(self.spec, filled)
+        self._state, out = steps.decode(
+            self._params, self.state, self._base_key, spec=self.spec, kv_len=kv_len
+        )
         out = jax.device_get(out)
         self._stats["decode_calls"] += 1
         self._absorb(out, version, events)

@@ -54,6 +54,16 @@ class StepSpec:
     steps_per_call: int
 
 
+def attend_len(spec: StepSpec, filled: int) -> int | None:
+    """The cache length a decode call attends to when no generating row holds more than `filled`
+    tokens: a power of two (>= 128) holding every write of the call, None for the whole cache.
+    Attention then costs what the sequences need, not the preallocated length, for a few
+    compiled variants."""
+    need = filled + spec.steps_per_call * (spec.num_draft + 1)
+    bucket = max(128, 1 << max(need - 1, 0).bit_length())
+    return None if bucket >= spec.cache_len else bucket
+
+
 def routing_dtype(cfg: ModelConfig):
     """Packed expert ids: uint8 up to 256 experts, else uint16."""
     return jnp.uint8 if cfg.n_experts <= 256 else jnp.uint16
@@ -113,14 +123,21 @@ def set_rows(state: dict, slot, fields: dict) -> dict:
     return state
 
 
-def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig):
+def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig, kv_len=None):
     """One MTP pass writing the deferred entries at slots pos-n .. (K+1 static; the ones past
     n-1 are scratch, overwritten later). Returns (module hidden at slot pos-1 [B,1,H], cache)."""
     K1 = tok_BK.shape[1]
     start = jnp.maximum(pos_B - n_B, 0)
     positions = start[:, None] + jnp.arange(K1)[None]
     g, mtp_cache = mtp_module(
-        params, 0, h_BKH, tok_BK, c, positions=positions, cache=dict(mtp_cache, pos=start)
+        params,
+        0,
+        h_BKH,
+        tok_BK,
+        c,
+        positions=positions,
+        cache=dict(mtp_cache, pos=start),
+        kv_len=kv_len,
     )
     rows = jnp.arange(tok_BK.shape[0])
     return g[rows, jnp.maximum(n_B - 1, 0)][:, None], mtp_cache
@@ -197,14 +214,14 @@ def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
     return state, token[0], sampling.take(logp, token)[0], _routing(aux, c, 1, C)[:, 0]
 
 
-def _plain_step(params, state: dict, base_key, spec: StepSpec):
+def _plain_step(params, state: dict, base_key, spec: StepSpec, kv_len):
     """Feed every row's pending token, sample the next. Outputs use the speculative layout with
     K = 0: tokens/logprobs [B, 1], n_emit, n_fed, accepted [B], drafts/draft_logprobs [B, 0],
     routing [L, B, 1, k]."""
     c = spec.cfg
     phase, tok = state["phase"], state["tok"]
     gen, fed = phase == 1, phase > 0
-    logits, aux = forward(params, tok[:, None], c, cache=state["cache"])
+    logits, aux = forward(params, tok[:, None], c, cache=state["cache"], kv_len=kv_len)
     cache = aux["cache"]
     cache["pos"] = state["cache"]["pos"] + fed
     logp = sampling.sampling_logprobs(
@@ -245,7 +262,7 @@ def _draft_logits(params, g, c: ModelConfig):
     return lm_head(params, rms_norm(g, mtp_params(params, 0)["norm"], c.rms_norm_eps), c)[:, 0]
 
 
-def _spec_step(params, state: dict, base_key, spec: StepSpec):
+def _spec_step(params, state: dict, base_key, spec: StepSpec, kv_len):
     """Draft K tokens with MTP module 0 (the first from the main model's hidden state, the
     rest chained on the module's own, as EAGLE and SGLang's NextN do), verify them with the
     main model in one forward pass over K+1 tokens, keep the accepted prefix plus one
@@ -263,13 +280,17 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
     # Draft 1 from the deferred entries (the pending token completes them), then a chain.
     pending = jnp.maximum(state["mtp_n"] - 1, 0)
     mtp_tok = state["mtp_tok"].at[jnp.arange(B), pending].set(tok)
-    g, mtp = _catch_up(params, state["mtp_cache"], state["mtp_h"], mtp_tok, state["mtp_n"], n_B, c)
+    g, mtp = _catch_up(
+        params, state["mtp_cache"], state["mtp_h"], mtp_tok, state["mtp_n"], n_B, c, kv_len
+    )
     drafts, draft_logps = [], []
     for j in range(K):
         if j:
             mtp["pos"] = n_B + j - 1
             prev = drafts[-1][:, None]
-            g, mtp = mtp_module(params, 0, g, prev, c, positions=mtp["pos"][:, None], cache=mtp)
+            g, mtp = mtp_module(
+                params, 0, g, prev, c, positions=mtp["pos"][:, None], cache=mtp, kv_len=kv_len
+            )
         lp = sampling.sampling_logprobs(_draft_logits(params, g, c), temp, top_k, top_p)
         d = sampling.sample(keys[:, j], lp, temp)
         drafts.append(d)
@@ -278,7 +299,9 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
     drafts_BK = jnp.stack(drafts, 1)
 
     verify_BT = jnp.concatenate([tok[:, None], drafts_BK], 1)
-    logits, aux = forward(params, verify_BT, c, cache=state["cache"], return_hidden=True)
+    logits, aux = forward(
+        params, verify_BT, c, cache=state["cache"], return_hidden=True, kv_len=kv_len
+    )
     V = logits.shape[-1]
     rep = lambda x: jnp.repeat(x, K + 1)  # noqa: E731
     target_BKV = sampling.sampling_logprobs(
@@ -340,13 +363,14 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec):
     return state, out
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def decode(params, state: dict, base_key, spec: StepSpec):
+@functools.partial(jax.jit, static_argnames=("spec", "kv_len"), donate_argnames=("state",))
+def decode(params, state: dict, base_key, spec: StepSpec, kv_len: int | None = None):
     """`spec.steps_per_call` batched steps; outputs stacked on a leading step axis. Unrolled, not
-    a lax.scan: XLA:CPU cannot run bf16 x bf16 -> f32 dots inside a loop body."""
+    a lax.scan: XLA:CPU cannot run bf16 x bf16 -> f32 dots inside a loop body. `kv_len`: attend
+    only to the caches' first kv_len slots (`attend_len`)."""
     step = _spec_step if spec.speculative else _plain_step
     outs = []
     for _ in range(spec.steps_per_call):
-        state, out = step(params, state, base_key, spec)
+        state, out = step(params, state, base_key, spec, kv_len)
         outs.append(out)
     return state, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)

@@ -146,6 +146,12 @@ def _write_cache(buf: jax.Array, new: jax.Array, pos: jax.Array) -> jax.Array:
     return jax.vmap(one)(buf, new, pos)
 
 
+def _visible(buf: jax.Array, kv_len: int | None) -> jax.Array:
+    """The first kv_len slots of a cache buffer [B, S, ...] (all of it when None): decoding
+    attends only to the slots every row can have filled, not the whole preallocated length."""
+    return buf if kv_len is None or kv_len >= buf.shape[1] else buf[:, :kv_len]
+
+
 def _cache_mask(pos: jax.Array, T: int, S: int) -> jax.Array:
     """Query t of row b sits at pos[b] + t and sees cache slots <= itself."""
     q_idx = pos[:, None] + jnp.arange(T)[None]
@@ -164,8 +170,9 @@ def _mla_q(x, p, c, mesh):
     return q[..., : c.qk_nope_head_dim], q[..., c.qk_nope_head_dim :]
 
 
-def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
-    """Multi-head latent attention. x [B,T,H] -> ([B,T,H], updated cache or None)."""
+def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None, kv_len=None):
+    """Multi-head latent attention. x [B,T,H] -> ([B,T,H], updated cache or None). With a cache,
+    `kv_len` (static) limits attention to its first kv_len slots: every row's pos + T must fit."""
     cos, sin = rope_cos_sin(positions, c)
     q_nope, q_rope = _mla_q(x, p, c, mesh)
     q_rope = apply_rope(q_rope, cos, sin, c.rope_interleave)
@@ -196,7 +203,8 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         latent=_write_cache(cache["latent"], latent, pos),
         k_rope=_write_cache(cache["k_rope"], k_rope, pos),
     )
-    lat, kr = cache["latent"].astype(x.dtype), cache["k_rope"].astype(x.dtype)
+    lat = _visible(cache["latent"], kv_len).astype(x.dtype)
+    kr = _visible(cache["k_rope"], kv_len).astype(x.dtype)
     q_lat = einsum_f32("btnd,rnd->btnr", q_nope, w_uk)
     if _cache_blockwise(c, x.shape[1]):
         # MQA in the latent space: one shared key [latent, rope key], value = latent.
@@ -220,8 +228,8 @@ def mla(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
 # GQA ------------------------------------------------------------------------------------------
 
 
-def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None):
-    """Grouped-query attention with per-head RMSNorm on q and k (Qwen3)."""
+def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=None, kv_len=None):
+    """Grouped-query attention with per-head RMSNorm on q and k (Qwen3); `kv_len` as in `mla`."""
     cos, sin = rope_cos_sin(positions, c)
     q = rms_norm(linear(x, p["wq"], c, mesh=mesh), p["q_norm"], c.rms_norm_eps)
     k = rms_norm(linear(x, p["wk"], c, mesh=mesh), p["k_norm"], c.rms_norm_eps)
@@ -234,7 +242,8 @@ def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
         return linear(o, p["wo"], c, n_in=2, mesh=mesh), None
     pos = cache["pos"]
     cache = dict(cache, k=_write_cache(cache["k"], k, pos), v=_write_cache(cache["v"], v, pos))
-    ck, cv = cache["k"].astype(x.dtype), cache["v"].astype(x.dtype)
+    ck = _visible(cache["k"], kv_len).astype(x.dtype)
+    cv = _visible(cache["v"], kv_len).astype(x.dtype)
     if _cache_blockwise(c, x.shape[1]):
         o = _cache_flash(q, ck, cv, pos, scale, c)
     else:
@@ -242,9 +251,9 @@ def gqa(x, p, c: ModelConfig, positions, segment_ids, mesh: Mesh | None, cache=N
     return linear(o, p["wo"], c, n_in=2, mesh=mesh), cache
 
 
-def attention(x, p, c: ModelConfig, positions, segment_ids, mesh=None, cache=None):
+def attention(x, p, c: ModelConfig, positions, segment_ids, mesh=None, cache=None, kv_len=None):
     fn = mla if c.is_mla else gqa
-    return fn(x, p, c, positions, segment_ids, mesh, cache)
+    return fn(x, p, c, positions, segment_ids, mesh, cache, kv_len)
 
 
 def init_layer_cache(c: ModelConfig, n_layers: int, batch: int, max_len: int, dtype) -> dict:

@@ -27,7 +27,18 @@ from c2.model.moe import update_router_bias as _bias_step
 from c2.quant import target
 
 
-def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routing=None, cache=None):
+def block(
+    x,
+    lp,
+    c: ModelConfig,
+    positions,
+    segment_ids,
+    mesh,
+    moe: bool,
+    routing=None,
+    cache=None,
+    kv_len=None,
+):
     """One pre-norm decoder layer: x + attn(norm(x)), then + mlp_or_moe(norm(x))."""
     h, cache = attention(
         rms_norm(x, lp["attn_norm"], c.rms_norm_eps),
@@ -37,6 +48,7 @@ def block(x, lp, c: ModelConfig, positions, segment_ids, mesh, moe: bool, routin
         segment_ids,
         mesh,
         cache,
+        kv_len,
     )
     x = x + h
     hn = rms_norm(x, lp["mlp_norm"], c.rms_norm_eps)
@@ -57,7 +69,7 @@ def _unroll_layers() -> bool:
     return target.backend() == "cpu"
 
 
-def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, kv_stack, pos):
+def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, kv_stack, pos, kv_len):
     """Scan a stack of identical layers; routing and the cache (`kv_stack`) are sliced per
     layer. `layers` (and `kv_stack`) may instead be lists of per-layer trees (`unstack`, the
     engine's decoding layout): the loop is then unrolled over them, so no layer's weights or
@@ -66,7 +78,7 @@ def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, kv_st
     def body(x, xs):
         lp, r, kv = xs
         kv = None if kv is None else dict(kv, pos=pos)
-        x, stats, kv = block(x, lp, c, positions, segment_ids, mesh, moe, r, kv)
+        x, stats, kv = block(x, lp, c, positions, segment_ids, mesh, moe, r, kv, kv_len)
         if kv is not None:
             kv.pop("pos")
         return x, (stats, kv)
@@ -139,8 +151,11 @@ def forward(
     routing=None,
     mesh: Mesh | None = None,
     return_hidden: bool = False,
+    kv_len: int | None = None,
 ):
-    """Logits [B,T,V] float32 and aux (see module doc); `routing` [L_moe,B,T,k] replays experts."""
+    """Logits [B,T,V] float32 and aux (see module doc); `routing` [L_moe,B,T,k] replays experts.
+    `kv_len` (static, with a cache): attend only to the cache's first kv_len slots, which must
+    hold every row's pos + T (decoding short sequences in a long cache)."""
     c = cfg
     _check_tokens(tokens, c)
     B, T = tokens.shape
@@ -178,6 +193,7 @@ def forward(
             routing if moe else None,
             None if cache is None else cache[group],
             None if cache is None else cache["pos"],
+            kv_len,
         )
         if cache is not None:
             new_cache[group] = kv
@@ -232,6 +248,7 @@ def mtp_module(
     segment_ids=None,
     mesh=None,
     cache=None,
+    kv_len=None,
 ):
     """One MTP module (0-based `depth`): hidden h [B,T,H] at t and token t+depth+1 [B,T] -> the
     module's hidden [B,T,H] (and its one-layer cache, `pos` included, when a cache is given)."""
@@ -243,7 +260,15 @@ def mtp_module(
     hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
     h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c, mesh=mesh)
     h, _, cache = block(
-        h, mp["block"], c, positions, segment_ids, mesh, c.n_moe_layers > 0, cache=cache
+        h,
+        mp["block"],
+        c,
+        positions,
+        segment_ids,
+        mesh,
+        c.n_moe_layers > 0,
+        cache=cache,
+        kv_len=kv_len,
     )
     return h, cache
 

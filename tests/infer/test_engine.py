@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import ENGINE, MAX_LEN, log_softmax
 
+from c2 import model
 from c2.infer import Engine, generate, steps
 
 PROMPTS = [[5], [1, 2, 3, 4, 5, 6, 7], list(range(16)), list(range(3, 20)), list(range(30, 60))]
@@ -323,3 +324,34 @@ def test_routing_dtype_follows_expert_count(kimi):
 
     assert steps.routing_dtype(kimi.cfg.replace(n_experts=256)) == jnp.uint8
     assert steps.routing_dtype(kimi.cfg.replace(n_experts=384)) == jnp.uint16
+
+
+@pytest.mark.parametrize("speculative", [False, True])
+def test_attention_follows_the_filled_cache_not_its_length(kimi, speculative):
+    """In a long cache, decode calls attend only to a power-of-two prefix that holds every
+    generating row (128, then 256, then the whole cache as they grow); the tokens and logprobs
+    are still the full forward's (greedy: each token is its argmax), in a few compiled calls."""
+    cfg = kimi.cfg.replace(max_seq_len=512)
+    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 100) == 128
+    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 126) == 256
+    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, False, 0, 1), 256) is None
+    prompts = [list(range(3, 60)) * 2, [7, 8, 9]]  # 114 and 3 tokens
+    before = _decode_compiles()
+    out = generate(
+        kimi.params,
+        cfg,
+        prompts,
+        170,
+        speculative=speculative,
+        max_slots=2,
+        max_len=300,
+        prefill_chunk=64,
+    )
+    assert _decode_compiles() - before == 3  # attending 128, 256, then all 316 slots
+    forward = jax.jit(lambda p, t: model.forward(p, t, cfg)[0])
+    for prompt, comp in zip(prompts, out):
+        seq = np.concatenate([prompt, comp.tokens])[None]
+        logits = np.asarray(forward(kimi.params, seq))[0, len(prompt) - 1 : -1]
+        np.testing.assert_array_equal(comp.tokens, logits.argmax(-1))
+        lp = log_softmax(logits)[np.arange(170), comp.tokens]
+        np.testing.assert_allclose(comp.logprobs, lp, atol=5e-5)
