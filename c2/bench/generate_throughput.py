@@ -102,10 +102,12 @@ def interleaved(runs: dict, repeats: int, pause: float = 0.2) -> dict:
     return {name: (timings[name], results[name]) for name in runs}
 
 
-def c2_run(params, cfg, prompts, new_tokens, slots, **options):
+def c2_run(params, cfg, prompts, new_tokens, slots, max_len=None, **options):
     """A run of the engine (greedy unless `temperature` is given) over every prompt with `slots`
-    rows: more prompts than slots are admitted as rows free up (continuous batching)."""
-    engine = Engine(params, cfg, max_slots=slots, max_len=prompts.shape[1] + new_tokens, **options)
+    rows: more prompts than slots are admitted as rows free up (continuous batching). max_len:
+    the engine's context (default: just the prompt and the new tokens)."""
+    max_len = max_len or prompts.shape[1] + new_tokens
+    engine = Engine(params, cfg, max_slots=slots, max_len=max_len, **options)
 
     def run():
         engine._stats.clear()  # stats of the last call only
@@ -201,6 +203,12 @@ def main(argv=None) -> dict:
         "the slots, refilling each as it finishes (continuous batching)",
     )
     ap.add_argument("--prompt_len", type=int, default=64)
+    ap.add_argument(
+        "--max_len",
+        type=int,
+        help="the engine's context (default prompt_len + new_tokens; an RL engine holds the "
+        "episode's whole context, e.g. 1024)",
+    )
     ap.add_argument("--new_tokens", type=int, default=128)
     ap.add_argument("--drafts", default="1,2,3", help="MTP draft lengths to benchmark")
     ap.add_argument("--repeats", type=int, default=3)
@@ -238,13 +246,16 @@ def main(argv=None) -> dict:
         "moe_impl": cfg.moe_impl,
         "batch": a.batch,
         "requests": requests,
+        "max_len": a.max_len or a.prompt_len + a.new_tokens,
         "prompt_len": a.prompt_len,
         "new_tokens": a.new_tokens,
     }
     drafts = [int(x) for x in a.drafts.split(",") if x] if cfg.mtp_depth else []
     runs = {}
     for temperature in (0.0, 1.0):  # greedy (the comparison with transformers) and sampling
-        opts = dict(temperature=temperature, seed=0, steps_per_call=a.steps_per_call)
+        opts = dict(
+            temperature=temperature, seed=0, steps_per_call=a.steps_per_call, max_len=a.max_len
+        )
         runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, a.batch, **opts)
         for k in drafts:
             runs[f"c2 speculative k={k} T={temperature:g}"] = c2_run(
