@@ -361,6 +361,7 @@ class Engine:
             n = min(r, size)
             chunk = np.zeros(size, np.int32)
             chunk[:n] = tokens[i : i + n]
+            start = seq.fed if record else i
             self._state, tok, lp, routing = steps.feed(
                 self._params,
                 self.state,
@@ -369,6 +370,7 @@ class Engine:
                 chunk,
                 np.int32(n),
                 spec=self.spec,
+                kv_len=steps.attend_len(self.spec, start, size),
             )
             if record:
                 seq.add_routing(np.asarray(routing)[:, :n].transpose(1, 0, 2))

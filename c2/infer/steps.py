@@ -54,12 +54,15 @@ class StepSpec:
     steps_per_call: int
 
 
-def attend_len(spec: StepSpec, filled: int) -> int | None:
-    """The cache length a decode call attends to when no generating row holds more than `filled`
-    tokens: a power of two (>= 128) holding every write of the call, None for the whole cache.
-    Attention then costs what the sequences need, not the preallocated length, for a few
-    compiled variants."""
-    need = filled + spec.steps_per_call * (spec.num_draft + 1)
+def attend_len(spec: StepSpec, filled: int, new: int | None = None) -> int | None:
+    """The cache length a call attends to when no row it writes holds more than `filled` tokens
+    and it writes `new` more (default: a decode call's steps x (drafts + 1)): a power of two
+    (>= 128) holding every write, None for the whole cache. Attention (and, feeding a prompt,
+    the row's cache it reads) then costs what the sequences need, not the preallocated length,
+    for a few compiled variants."""
+    if new is None:
+        new = spec.steps_per_call * (spec.num_draft + 1)
+    need = filled + max(new, spec.num_draft + 1)  # feeding also writes the MTP catch-up
     bucket = max(128, 1 << max(need - 1, 0).bit_length())
     return None if bucket >= spec.cache_len else bucket
 
@@ -143,7 +146,18 @@ def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig, kv_l
     return g[rows, jnp.maximum(n_B - 1, 0)][:, None], mtp_cache
 
 
-def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec):
+def _row_prefix(a, slot, length: int | None):
+    """a[slot, :length] of a [B, S, ...] buffer, as [1, length, ...] (the whole row: None)."""
+    length = a.shape[1] if length is None else length
+    start = (slot, *[0] * (a.ndim - 1))
+    return jax.lax.dynamic_slice(a, start, (1, length, *a.shape[2:]))
+
+
+def _put_row_prefix(a, r, slot):
+    return jax.lax.dynamic_update_slice(a, r.astype(a.dtype), (slot, *[0] * (a.ndim - 1)))
+
+
+def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec, kv_len):
     """MTP entries of a fed chunk: first the row's deferred entries (the chunk's first token
     completes them), then one for every later chunk token; the last token's hidden state is
     deferred to the next pass (its next token is not known yet)."""
@@ -152,7 +166,7 @@ def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec)
     row = lambda name: state[name][slot][None]  # noqa: E731
     n = row("mtp_n")
     tok = row("mtp_tok").at[0, jnp.maximum(n[0] - 1, 0)].set(tokens_C[0])
-    cache = jax.tree.map(lambda a: a[slot][None], state["mtp_cache"])
+    cache = jax.tree.map(lambda a: _row_prefix(a, slot, kv_len), state["mtp_cache"])
     _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s[None], c)
     cache.pop("pos")
     pad_h = jnp.zeros((1, c.d_model), hidden_CH.dtype)
@@ -169,7 +183,9 @@ def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec)
     )
     cache.pop("pos")
     state = dict(state)
-    state["mtp_cache"] = jax.tree.map(lambda a, r: a.at[slot].set(r[0]), state["mtp_cache"], cache)
+    state["mtp_cache"] = jax.tree.map(
+        lambda a, r: _put_row_prefix(a, r, slot), state["mtp_cache"], cache
+    )
     K1 = spec.num_draft + 1
     h = jnp.zeros((K1, c.d_model), hidden_CH.dtype).at[0].set(hidden_CH[last])
     state["mtp_h"] = state["mtp_h"].at[slot].set(h)
@@ -177,11 +193,12 @@ def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec)
     return state
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
+@functools.partial(jax.jit, static_argnames=("spec", "kv_len"), donate_argnames=("state",))
+def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec, kv_len=None):
     """Run tokens_C [C] (the first `length` real, the rest padding) into row `slot` at its
     position. Returns (state, next token sampled from the last real position, its logprob,
-    routing [L_moe, C, k] packed)."""
+    routing [L_moe, C, k] packed). kv_len: the row's cache prefix to read, attend to and write
+    (`attend_len`; None: all of it)."""
     c = spec.cfg
     C = tokens_C.shape[0]
     cache = state["cache"]
@@ -189,10 +206,10 @@ def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
     groups = [g for g in GROUPS if g in cache]
 
     def take_row(a):
-        return jax.lax.dynamic_slice_in_dim(a, slot, 1, axis=0)
+        return _row_prefix(a, slot, kv_len)
 
     def put_row(a, r):
-        return jax.lax.dynamic_update_slice_in_dim(a, r, slot, axis=0)
+        return _put_row_prefix(a, r, slot)
 
     row = {"pos": s[None], **{g: jax.tree.map(take_row, cache[g]) for g in groups}}
     logits, aux = forward(params, tokens_C[None], c, cache=row, return_hidden=True)
@@ -210,7 +227,7 @@ def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec):
     key = _row_keys(base_key, sl("rid"), sl("n_gen"))
     token = sampling.sample(key, logp, sl("temperature"))
     if spec.speculative:
-        state = _feed_mtp(params, state, slot, s, tokens_C, aux["hidden"][0], last, spec)
+        state = _feed_mtp(params, state, slot, s, tokens_C, aux["hidden"][0], last, spec, kv_len)
     return state, token[0], sampling.take(logp, token)[0], _routing(aux, c, 1, C)[:, 0]
 
 

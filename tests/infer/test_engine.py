@@ -328,14 +328,16 @@ def test_routing_dtype_follows_expert_count(kimi):
 
 @pytest.mark.parametrize("speculative", [False, True])
 def test_attention_follows_the_filled_cache_not_its_length(kimi, speculative):
-    """In a long cache, decode calls attend only to a power-of-two prefix that holds every
-    generating row (128, then 256, then the whole cache as they grow); the tokens and logprobs
-    are still the full forward's (greedy: each token is its argmax), in a few compiled calls."""
+    """In a long cache, decode calls and prompt chunks attend only to a power-of-two prefix that
+    holds every row they write (128, then 256, then the whole cache as sequences grow); the
+    tokens and logprobs are still the full forward's (greedy: each token is its argmax)."""
     cfg = kimi.cfg.replace(max_seq_len=512)
     assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 100) == 128
     assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 126) == 256
     assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, False, 0, 1), 256) is None
-    prompts = [list(range(3, 60)) * 2, [7, 8, 9]]  # 114 and 3 tokens
+    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, False, 0, 1), 128, 64) == 256
+    # 114 tokens (two 64-token chunks), 3, and 200 (chunks into the 256 prefix), two slots.
+    prompts = [list(range(3, 60)) * 2, [7, 8, 9], list(range(1, 41)) * 5]
     before = _decode_compiles()
     out = generate(
         kimi.params,
@@ -350,8 +352,10 @@ def test_attention_follows_the_filled_cache_not_its_length(kimi, speculative):
     assert _decode_compiles() - before == 3  # attending 128, 256, then all 316 slots
     forward = jax.jit(lambda p, t: model.forward(p, t, cfg)[0])
     for prompt, comp in zip(prompts, out):
+        n = min(170, 300 - len(prompt))
+        assert len(comp.tokens) == n
         seq = np.concatenate([prompt, comp.tokens])[None]
         logits = np.asarray(forward(kimi.params, seq))[0, len(prompt) - 1 : -1]
         np.testing.assert_array_equal(comp.tokens, logits.argmax(-1))
-        lp = log_softmax(logits)[np.arange(170), comp.tokens]
+        lp = log_softmax(logits)[np.arange(n), comp.tokens]
         np.testing.assert_allclose(comp.logprobs, lp, atol=5e-5)
