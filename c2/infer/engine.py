@@ -254,7 +254,7 @@ class Engine:
             )
         if seq.slot is not None:
             if seq.fed < len(seq.tokens):
-                self._feed(seq, seq.tokens[seq.fed :])
+                self._feed([(seq, seq.tokens[seq.fed :])])
             self._set(seq.slot, phase=0)
             self._slots[seq.slot] = None
             seq.slot = None
@@ -346,41 +346,69 @@ class Engine:
         """A row starting at position 0 has no deferred MTP entries."""
         return {"mtp_n": 0} if self.spec.speculative else {}
 
-    def _feed(
-        self, seq: SequenceRecord, tokens: list[int], record: bool = True, reroute: bool = False
-    ):
-        """Feed tokens into the sequence's slot in bucketed chunks; returns (next token, logprob)
-        sampled after the last one. Not recording: a rebuild from position 0; `reroute` then
-        replaces the recorded routing of the rebuilt tokens (new weights route them anew)."""
-        i, out, rebuilt = 0, None, []
-        while i < len(tokens):
-            room = self.spec.cache_len - (seq.fed if record else i)
-            fits = [b for b in self._buckets if b <= room]
-            r = len(tokens) - i
-            size = min([b for b in fits if b >= r], default=max(fits))
-            n = min(r, size)
-            chunk = np.zeros(size, np.int32)
-            chunk[:n] = tokens[i : i + n]
-            start = seq.fed if record else i
-            self._state, tok, lp, routing = steps.feed(
-                self._params,
-                self.state,
-                self._base_key,
-                np.int32(seq.slot),
-                chunk,
-                np.int32(n),
-                spec=self.spec,
-                kv_len=steps.attend_len(self.spec, start, size),
-            )
-            if record:
-                seq.add_routing(np.asarray(routing)[:, :n].transpose(1, 0, 2))
-            elif reroute:
-                rebuilt.append(np.asarray(routing)[:, :n].transpose(1, 0, 2))
-            i += n
-            out = (tok, lp)
+    def _feed(self, items, record: bool = True, reroute: bool = False) -> list[tuple[int, float]]:
+        """Feed tokens into sequences' slots: items are (sequence, tokens). Each row goes in
+        chunks of static bucket sizes, and the rows needing one chunk size share one forward
+        pass (batched prefill). Returns each item's (next token, logprob) sampled after its
+        last token. Not recording: a rebuild from position 0; `reroute` then replaces the
+        recorded routing of the rebuilt tokens (new weights route them anew)."""
+        done = [0] * len(items)
+        last: list = [None] * len(items)
+        rebuilt: list[list] = [[] for _ in items]
+        while True:
+            by_size = collections.defaultdict(list)
+            for j, (seq, tokens) in enumerate(items):
+                if done[j] < len(tokens):
+                    room = self.spec.cache_len - (seq.fed if record else done[j])
+                    fits = [b for b in self._buckets if b <= room]
+                    left = len(tokens) - done[j]
+                    by_size[min([b for b in fits if b >= left], default=max(fits))].append(j)
+            if not by_size:
+                break
+            for size, js in sorted(by_size.items()):
+                self._feed_chunk(items, js, size, done, last, rebuilt, record, reroute)
         if reroute:
-            seq.routing = [np.concatenate([seq.empty_routing, *rebuilt])]
-        return out
+            for (seq, _), blocks in zip(items, rebuilt):
+                seq.routing = [np.concatenate([seq.empty_routing, *blocks])]
+        fetched = jax.device_get({id(a): a for out in last for a in out[:2]})
+        return [(int(fetched[id(t)][k]), float(fetched[id(lp)][k])) for t, lp, k in last]
+
+    def _feed_chunk(self, items, js, size, done, last, rebuilt, record, reroute) -> None:
+        """One forward pass feeding the next chunk (at most `size` tokens) of items[j] for j in
+        js; the row count is padded to a power of two (padding rows write nothing)."""
+        n_slots = self.spec.n_slots
+        rows = min(1 << (len(js) - 1).bit_length(), n_slots)
+        slots = np.full(rows, n_slots, np.int32)
+        chunk = np.zeros((rows, size), np.int32)
+        lengths = np.ones(rows, np.int32)
+        starts = []
+        for k, j in enumerate(js):
+            seq, tokens = items[j]
+            n = min(len(tokens) - done[j], size)
+            slots[k], lengths[k] = seq.slot, n
+            chunk[k, :n] = tokens[done[j] : done[j] + n]
+            starts.append(seq.fed if record else done[j])
+        self._state, tok, lp, routing = steps.feed(
+            self._params,
+            self.state,
+            self._base_key,
+            slots,
+            chunk,
+            lengths,
+            spec=self.spec,
+            kv_len=steps.attend_len(self.spec, max(starts), size),
+        )
+        self._stats["feed_calls"] += 1
+        if record or reroute:
+            routing = np.asarray(routing)
+        for k, j in enumerate(js):
+            n = int(lengths[k])
+            if record:
+                items[j][0].add_routing(routing[:, k, :n].transpose(1, 0, 2))
+            elif reroute:
+                rebuilt[j].append(routing[:, k, :n].transpose(1, 0, 2))
+            done[j] += n
+            last[j] = (tok, lp, k)
 
     def _apply_update(self) -> None:
         with self._lock:
@@ -392,10 +420,13 @@ class Engine:
         self._params = _unstack(params)
         self._stats["weight_updates"] += 1
         if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
-            for seq in self._slots:
-                if seq is not None and seq.fed:
-                    self._set(seq.slot, pos=0, **self._fresh_mtp)
-                    self._feed(seq, seq.tokens[: seq.fed], record=False, reroute=True)
+            rebuild = [seq for seq in self._slots if seq is not None and seq.fed]
+            for seq in rebuild:
+                self._set(seq.slot, pos=0, **self._fresh_mtp)
+            if rebuild:
+                self._feed(
+                    [(seq, seq.tokens[: seq.fed]) for seq in rebuild], record=False, reroute=True
+                )
         self._stats["update_pause_s"] += time.perf_counter() - t0
 
     def _admit(self, events: list) -> None:
@@ -420,13 +451,14 @@ class Engine:
                     top_p=sp.top_p,
                 )
                 seq.status = "extending"
-        for seq in self._slots:
-            if seq is not None and seq.status == "extending":
-                self._start_turn(seq, events)
+        starting = [s for s in self._slots if s is not None and s.status == "extending"]
+        if starting:
+            firsts = self._feed([(seq, seq.tokens[seq.fed :]) for seq in starting])
+            for seq, (tok, lp) in zip(starting, firsts):
+                self._start_turn(seq, tok, lp, events)
 
-    def _start_turn(self, seq: SequenceRecord, events: list) -> None:
-        """Feed the unfed tokens, take the sampled first token, arm the row for decoding."""
-        tok, lp = jax.device_get(self._feed(seq, seq.tokens[seq.fed :]))
+    def _start_turn(self, seq: SequenceRecord, tok: int, lp: float, events: list) -> None:
+        """The unfed tokens are fed: take the sampled first token, arm the row for decoding."""
         seq.gen_start = len(seq.tokens)
         budget = min(seq.max_new, self.max_len - len(seq.tokens))
         seq.append_generated([int(tok)], [float(lp)], self.version)
@@ -563,7 +595,7 @@ class Engine:
             # The device ran ahead: rebuild the row so the MTP state (the last hidden state and
             # the module's cache) belongs to the kept tokens; the next turn drafts from it.
             self._set(seq.slot, pos=0, **self._fresh_mtp)
-            self._feed(seq, seq.tokens[: seq.fed], record=False)
+            self._feed([(seq, seq.tokens[: seq.fed])], record=False)
 
 
 def generate(

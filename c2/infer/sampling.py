@@ -70,9 +70,26 @@ def sampling_logprobs(
     return jax.nn.log_softmax(filtered_BV, axis=-1)
 
 
+def inverse_cdf(u_B: jax.Array, weights_BV: jax.Array) -> jax.Array:
+    """[B] int32: for each row the first index whose cumulative weight reaches (1 - u) of the
+    row's total, u in [0, 1): a draw from weights_BV (non-negative, unnormalised) for uniform
+    u. A zero-weight index is never drawn (its cumulative weight equals its predecessor's)."""
+    cdf_BV = jnp.cumsum(weights_BV.astype(jnp.float32), axis=-1)
+    x_B = (1.0 - u_B) * cdf_BV[:, -1]  # in (0, total]
+    drawn_B = jnp.sum(cdf_BV < x_B[:, None], axis=-1)
+    return jnp.minimum(drawn_B, weights_BV.shape[-1] - 1).astype(jnp.int32)
+
+
+def categorical(key_B: jax.Array, weights_BV: jax.Array) -> jax.Array:
+    """One draw per row from weights_BV with its own key: one uniform per row (the CDF
+    inverted), where `jax.random.categorical`'s Gumbel trick needs one per vocabulary entry:
+    the random bits were a tenth of a decode call on the CPU."""
+    return inverse_cdf(jax.vmap(jax.random.uniform)(key_B), weights_BV)
+
+
 def sample(key_B: jax.Array, logp_BV: jax.Array, temperature_B: jax.Array) -> jax.Array:
     """One token per row [B] int32: argmax for greedy rows, a draw from logp_BV otherwise."""
-    drawn_B = jax.vmap(jax.random.categorical)(key_B, logp_BV)
+    drawn_B = categorical(key_B, jnp.exp(logp_BV))
     return jnp.where(temperature_B <= 0, jnp.argmax(logp_BV, -1), drawn_B).astype(jnp.int32)
 
 
@@ -118,7 +135,7 @@ def speculative_accept(
     residual_BV = jnp.maximum(p_BV - q_BV, 0.0)
     empty_B = residual_BV.sum(-1) <= 0  # p == q: the residual is empty, p itself is exact
     residual_BV = jnp.where(empty_B[:, None], p_BV, residual_BV)
-    drawn_B = jax.vmap(jax.random.categorical)(keys[:, 1], jnp.log(residual_BV))
+    drawn_B = categorical(keys[:, 1], residual_BV)
     greedy_next_B = jnp.argmax(target_logp_BKV[jnp.arange(B), accepted_B], -1)
     next_B = jnp.where(greedy_B, greedy_next_B, drawn_B).astype(jnp.int32)
     return accepted_B, next_B

@@ -146,89 +146,93 @@ def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig, kv_l
     return g[rows, jnp.maximum(n_B - 1, 0)][:, None], mtp_cache
 
 
-def _row_prefix(a, slot, length: int | None):
-    """a[slot, :length] of a [B, S, ...] buffer, as [1, length, ...] (the whole row: None)."""
+def _rows_prefix(a, slots_R, length: int | None):
+    """a[slots, :length] of a [B, S, ...] buffer as [R, length, ...] (the whole rows: None);
+    padding rows (slot B, out of range) read row B - 1, and `_put_rows_prefix` drops them."""
     length = a.shape[1] if length is None else length
-    start = (slot, *[0] * (a.ndim - 1))
-    return jax.lax.dynamic_slice(a, start, (1, length, *a.shape[2:]))
+    return a.at[slots_R, :length].get(mode="clip")
 
 
-def _put_row_prefix(a, r, slot):
-    return jax.lax.dynamic_update_slice(a, r.astype(a.dtype), (slot, *[0] * (a.ndim - 1)))
+def _put_rows_prefix(a, r_R, slots_R):
+    length = r_R.shape[1]
+    return a.at[slots_R, :length].set(r_R.astype(a.dtype), mode="drop")
 
 
-def _feed_mtp(params, state, slot, s, tokens_C, hidden_CH, last, spec: StepSpec, kv_len):
-    """MTP entries of a fed chunk: first the row's deferred entries (the chunk's first token
-    completes them), then one for every later chunk token; the last token's hidden state is
-    deferred to the next pass (its next token is not known yet)."""
+def _feed_mtp(params, state, slots_R, s_R, tokens_RC, hidden_RCH, last_R, spec, kv_len):
+    """MTP entries of the fed chunks: first each row's deferred entries (its chunk's first token
+    completes them), then one for every later chunk token; each row's last real token's hidden
+    state is deferred to the next pass (its next token is not known yet)."""
     c = spec.cfg
-    C = tokens_C.shape[0]
-    row = lambda name: state[name][slot][None]  # noqa: E731
+    R, C = tokens_RC.shape
+    rows = jnp.arange(R)
+    row = lambda name: state[name].at[slots_R].get(mode="clip")  # noqa: E731
     n = row("mtp_n")
-    tok = row("mtp_tok").at[0, jnp.maximum(n[0] - 1, 0)].set(tokens_C[0])
-    cache = jax.tree.map(lambda a: _row_prefix(a, slot, kv_len), state["mtp_cache"])
-    _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s[None], c)
+    tok = row("mtp_tok").at[rows, jnp.maximum(n - 1, 0)].set(tokens_RC[:, 0])
+    cache = jax.tree.map(lambda a: _rows_prefix(a, slots_R, kv_len), state["mtp_cache"])
+    _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s_R, c)
     cache.pop("pos")
-    pad_h = jnp.zeros((1, c.d_model), hidden_CH.dtype)
-    h_in = jnp.concatenate([hidden_CH[: C - 1], pad_h])[None]  # token j+1 sees hidden j
-    tok_in = jnp.concatenate([tokens_C[1:], tokens_C[:1] * 0])[None]
+    pad_h = jnp.zeros((R, 1, c.d_model), hidden_RCH.dtype)
+    h_in = jnp.concatenate([hidden_RCH[:, : C - 1], pad_h], 1)  # token j+1 sees hidden j
+    tok_in = jnp.concatenate([tokens_RC[:, 1:], tokens_RC[:, :1] * 0], 1)
     _, cache = mtp_module(
         params,
         0,
         h_in,
         tok_in,
         c,
-        positions=(s + jnp.arange(C))[None],
-        cache=dict(cache, pos=s[None]),
+        positions=s_R[:, None] + jnp.arange(C)[None],
+        cache=dict(cache, pos=s_R),
     )
     cache.pop("pos")
     state = dict(state)
     state["mtp_cache"] = jax.tree.map(
-        lambda a, r: _put_row_prefix(a, r, slot), state["mtp_cache"], cache
+        lambda a, r: _put_rows_prefix(a, r, slots_R), state["mtp_cache"], cache
     )
     K1 = spec.num_draft + 1
-    h = jnp.zeros((K1, c.d_model), hidden_CH.dtype).at[0].set(hidden_CH[last])
-    state["mtp_h"] = state["mtp_h"].at[slot].set(h)
-    state["mtp_n"] = state["mtp_n"].at[slot].set(1)
+    h = jnp.zeros((R, K1, c.d_model), hidden_RCH.dtype).at[:, 0].set(hidden_RCH[rows, last_R])
+    state["mtp_h"] = state["mtp_h"].at[slots_R].set(h, mode="drop")
+    state["mtp_n"] = state["mtp_n"].at[slots_R].set(1, mode="drop")
     return state
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "kv_len"), donate_argnames=("state",))
-def feed(params, state: dict, base_key, slot, tokens_C, length, spec: StepSpec, kv_len=None):
-    """Run tokens_C [C] (the first `length` real, the rest padding) into row `slot` at its
-    position. Returns (state, next token sampled from the last real position, its logprob,
-    routing [L_moe, C, k] packed). kv_len: the row's cache prefix to read, attend to and write
-    (`attend_len`; None: all of it)."""
+def feed(params, state: dict, base_key, slots_R, tokens_RC, lengths_R, spec: StepSpec, kv_len=None):
+    """Run tokens_RC [R, C] into rows `slots_R` [R] (distinct) at their positions, one forward
+    pass for all: row r's first lengths_R[r] (>= 1) tokens are real, the rest padding (written
+    past the row's position, where the next write lands). A slot of n_slots (out of range) is a
+    padding row: it computes and is dropped. Returns (state, next token sampled from each row's
+    last real position [R], its logprob [R], routing [L_moe, R, C, k] packed). kv_len: the rows'
+    cache prefix to read, attend to and write (`attend_len`; None: all of it)."""
     c = spec.cfg
-    C = tokens_C.shape[0]
+    R, C = tokens_RC.shape
     cache = state["cache"]
-    s = cache["pos"][slot]
+    s = cache["pos"].at[slots_R].get(mode="clip")
     groups = [g for g in GROUPS if g in cache]
 
-    def take_row(a):
-        return _row_prefix(a, slot, kv_len)
+    def take_rows(a):
+        return _rows_prefix(a, slots_R, kv_len)
 
-    def put_row(a, r):
-        return _put_row_prefix(a, r, slot)
+    def put_rows(a, r):
+        return _put_rows_prefix(a, r, slots_R)
 
-    row = {"pos": s[None], **{g: jax.tree.map(take_row, cache[g]) for g in groups}}
-    logits, aux = forward(params, tokens_C[None], c, cache=row, return_hidden=True)
-    new_row = aux["cache"]
+    rows = {"pos": s, **{g: jax.tree.map(take_rows, cache[g]) for g in groups}}
+    logits, aux = forward(params, tokens_RC, c, cache=rows, return_hidden=True)
+    new_rows = aux["cache"]
     state = dict(state)
     state["cache"] = {
-        "pos": cache["pos"].at[slot].add(length),
-        **{g: jax.tree.map(put_row, cache[g], new_row[g]) for g in groups},
+        "pos": cache["pos"].at[slots_R].add(lengths_R, mode="drop"),
+        **{g: jax.tree.map(put_rows, cache[g], new_rows[g]) for g in groups},
     }
-    last = length - 1
-    sl = lambda name: state[name][slot][None]  # noqa: E731
+    last = lengths_R - 1
+    sl = lambda name: state[name].at[slots_R].get(mode="clip")  # noqa: E731
     logp = sampling.sampling_logprobs(
-        logits[0, last][None], sl("temperature"), sl("top_k"), sl("top_p")
+        logits[jnp.arange(R), last], sl("temperature"), sl("top_k"), sl("top_p")
     )
     key = _row_keys(base_key, sl("rid"), sl("n_gen"))
     token = sampling.sample(key, logp, sl("temperature"))
     if spec.speculative:
-        state = _feed_mtp(params, state, slot, s, tokens_C, aux["hidden"][0], last, spec, kv_len)
-    return state, token[0], sampling.take(logp, token)[0], _routing(aux, c, 1, C)[:, 0]
+        state = _feed_mtp(params, state, slots_R, s, tokens_RC, aux["hidden"], last, spec, kv_len)
+    return state, token, sampling.take(logp, token), _routing(aux, c, R, C)
 
 
 def _plain_step(params, state: dict, base_key, spec: StepSpec, kv_len):

@@ -37,6 +37,39 @@ def test_greedy_equals_repeated_argmax(family, request):
         assert comp.prompt_routed_experts.shape[0] == len(prompt)
 
 
+@pytest.mark.parametrize("speculative", [False, True])
+def test_prompts_admitted_together_share_their_prefill_calls(kimi, speculative):
+    """Prompts admitted in one step are fed together, one forward pass per chunk size (the row
+    count padded to a power of two: the padding row writes nothing), beside a row already
+    decoding; each output is still the full forward's argmax with its logprob, and each prompt
+    token's recorded routing is the one the full forward picks."""
+    engine = Engine(
+        kimi.params,
+        kimi.cfg,
+        max_slots=4,
+        max_len=MAX_LEN,
+        prefill_chunk=16,
+        speculative=speculative,
+    )
+    prompts = [list(range(40, 45)), [5], list(range(3, 20)), list(range(30, 60))]
+    rids = [engine.submit(prompts[0], 20)]
+    done = {c.request_id: c for c in engine.step()}
+    assert engine.stats["feed_calls"] == 1
+    rids += [engine.submit(p, 10) for p in prompts[1:]]
+    done.update({c.request_id: c for c in engine.step()})
+    # Three rows (padded to four) take 16 tokens each, then the two longer prompts finish.
+    assert engine.stats["feed_calls"] == 3
+    while engine.has_work():
+        done.update({c.request_id: c for c in engine.step()})
+    for prompt, rid in zip(prompts, rids):
+        comp = done[rid]
+        want = kimi.greedy(prompt, len(comp.tokens))
+        assert comp.tokens.tolist() == want and len(want) == (20 if rid == rids[0] else 10)
+        lp = log_softmax(kimi.logits(prompt + want)[len(prompt) - 1 : -1])
+        np.testing.assert_allclose(comp.logprobs, lp[np.arange(len(want)), want], atol=2e-5)
+        np.testing.assert_array_equal(comp.prompt_routed_experts, kimi.live_routing(prompt))
+
+
 @pytest.mark.parametrize("num_draft", [1, 2])
 def test_speculative_greedy_equals_plain_greedy(kimi, num_draft):
     plain = generate(kimi.params, kimi.cfg, PROMPTS, 12, **ENGINE)

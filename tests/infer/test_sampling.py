@@ -75,6 +75,15 @@ def test_sample_follows_the_distribution():
     assert _chi2_pvalue(np.asarray(toks), np.array([0.5, 0.3, 0.15, 0.05])) > 1e-3
 
 
+def test_inverse_cdf_never_draws_a_zero_weight_token():
+    """At both ends of the uniform's range and between, the draw lands on a token with weight:
+    the zero-weight tokens before, between and after them (top-k/top-p cut, or an empty
+    residual) are never drawn; equal halves split at u = 1/2."""
+    w = jnp.array([[0.0, 0.5, 0.0, 0.5, 0.0]] * 5)
+    u = jnp.array([0.0, 0.25, 0.5 - 1e-6, 0.5 + 1e-6, 1.0 - 2**-24])
+    np.testing.assert_array_equal(sampling.inverse_cdf(u, w), [3, 3, 3, 1, 1])
+
+
 def _chi2_pvalue(tokens, probs):
     counts = np.bincount(tokens, minlength=len(probs))
     return stats.chisquare(counts, counts.sum() * probs / probs.sum()).pvalue
