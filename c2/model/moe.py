@@ -260,6 +260,62 @@ def _all_experts_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
     return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_TKH.dtype))
 
 
+def _capacity_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, capacity: int):
+    """Each expert's rows in its own `capacity` slots ([E, capacity, H], in token order; the
+    busiest expert must fit), one batched matmul per projection with every expert's weights in
+    place, each (token, slot) pair's output taken back and combined as in `_dispatch_local`."""
+    T, K = idx_TK.shape
+    E = p["w_gate"].shape[0]
+    dtype = jnp.dtype(c.dtype)
+    flat = idx_TK.reshape(-1)
+    one_hot = (flat[:, None] == jnp.arange(E)[None]).astype(jnp.int32)
+    rank = (jnp.cumsum(one_hot, 0) * one_hot).sum(-1) - 1  # the pair's place in its expert
+    slot = flat * capacity + rank
+    pair = (
+        jnp.full((E * capacity,), T * K, jnp.int32)
+        .at[slot]
+        .set(jnp.arange(T * K, dtype=jnp.int32), mode="drop")
+    )
+    xe = x_TH.astype(dtype).at[pair // K].get(mode="fill", fill_value=0)
+    xe = xe.reshape(E, capacity, -1)
+
+    def mm(spec, a, w):
+        return einsum_f32(spec, a, w.astype(dtype)).astype(dtype)
+
+    h = jax.nn.silu(mm("ech,ehi->eci", xe, p["w_gate"])) * mm("ech,ehi->eci", xe, p["w_up"])
+    y = mm("eci,eih->ech", h, p["w_down"]).reshape(E * capacity, -1)
+    y_TKH = y[slot].reshape(T, K, -1)
+    return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_TKH.dtype))
+
+
+def decode_capacity(T: int, K: int, E: int) -> int | None:
+    """The per-expert slots a CPU step over T tokens tries before every expert on every token:
+    the power of two at or above twice the mean load, when below T (None: no such)."""
+    cap = 1 << max(2 * -(-T * K // E) - 1, 0).bit_length()
+    return cap if cap < T else None
+
+
+def _few_tokens_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
+    """A few tokens (a decode step) on the CPU: `decode_capacity` slots per expert when the
+    busiest expert fits (E * capacity rows where every expert on every token is E * T), else
+    every expert on every token; chosen on the device per call, the same values either way."""
+    T, K = idx_TK.shape
+    E = p["w_gate"].shape[0]
+    cap = decode_capacity(T, K, E)
+    if cap is None:
+        return _all_experts_local(x_TH, idx_TK, gates_TK, p, c)
+    busiest = jnp.bincount(idx_TK.reshape(-1), length=E).max()
+    return jax.lax.cond(
+        busiest <= cap,
+        functools.partial(_capacity_local, c=c, capacity=cap),
+        functools.partial(_all_experts_local, c=c),
+        x_TH,
+        idx_TK,
+        gates_TK,
+        p,
+    )
+
+
 def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
     """Dropless: sort (token, slot) pairs by expert, grouped matmuls, unsort, weight by gates.
 
@@ -271,7 +327,7 @@ def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
     few_tokens = all_experts_rows <= tiled_rows
     if target.backend() == "cpu" and c.quant != "mxfp8" and few_tokens:
         # Few tokens (decoding): every expert on every token is fewer rows than whole tiles.
-        return _all_experts_local(x_TH, idx_TK, gates_TK, p, c)
+        return _few_tokens_local(x_TH, idx_TK, gates_TK, p, c)
     if pairs is None:
         flat = idx_TK.reshape(-1)
         order = jnp.argsort(flat, stable=True)
