@@ -1,5 +1,6 @@
 """The engine's compiled functions: feed chunks into some slots in one pass, and a batched decode
-step (plain, or MTP speculative) over every slot at once. Shapes are static; slots are rows of one state.
+step (plain, or MTP speculative) over every slot at once. Shapes are static; slots are rows of
+one state.
 
 Params and cache come in the model's decoding layout (c2.model.unstack: a list of per-layer
 trees per layer group), so a step reads each layer's weights and updates its cache in place.
