@@ -362,12 +362,16 @@ def test_routing_dtype_follows_expert_count(kimi):
 @pytest.mark.parametrize("speculative", [False, True])
 def test_attention_follows_the_filled_cache_not_its_length(kimi, speculative):
     """In a long cache, decode calls and prompt chunks attend only to a power-of-two prefix that
-    holds every row they write (128, then 256, then the whole cache as sequences grow); the
-    tokens and logprobs are still the full forward's (greedy: each token is its argmax)."""
-    cfg = kimi.cfg.replace(max_seq_len=512)
-    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 100) == 128
-    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 126) == 256
-    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, False, 0, 1), 256) is None
+    holds every row they write (128, then 256, then the whole cache as sequences grow; a decode
+    call takes a prefix only up to half the cache); the tokens and logprobs are still the full
+    forward's (greedy: each token is its argmax)."""
+    cfg = kimi.cfg.replace(max_seq_len=1024)
+    spec = steps.StepSpec(cfg, 2, 616, 8, True, 2, 1)
+    assert steps.attend_len(spec, 100) == 128
+    assert steps.attend_len(spec, 126) == 256
+    assert steps.attend_len(spec, 256) is None  # a 512 prefix is most of 616 slots
+    assert steps.attend_len(spec, 256, 64) == 512  # a prompt chunk still reads only 512
+    assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, True, 2, 1), 126) is None
     assert steps.attend_len(steps.StepSpec(cfg, 2, 316, 8, False, 0, 1), 128, 64) == 256
     # 114 tokens (two 64-token chunks), 3, and 200 (chunks into the 256 prefix), two slots.
     prompts = [list(range(3, 60)) * 2, [7, 8, 9], list(range(1, 41)) * 5]
@@ -379,13 +383,13 @@ def test_attention_follows_the_filled_cache_not_its_length(kimi, speculative):
         170,
         speculative=speculative,
         max_slots=2,
-        max_len=300,
+        max_len=600,
         prefill_chunk=64,
     )
-    assert _decode_compiles() - before == 3  # attending 128, 256, then all 316 slots
+    assert _decode_compiles() - before == 3  # attending 128, 256, then all 616 slots
     forward = jax.jit(lambda p, t: model.forward(p, t, cfg)[0])
     for prompt, comp in zip(prompts, out):
-        n = min(170, 300 - len(prompt))
+        n = 170
         assert len(comp.tokens) == n
         seq = np.concatenate([prompt, comp.tokens])[None]
         logits = np.asarray(forward(kimi.params, seq))[0, len(prompt) - 1 : -1]
