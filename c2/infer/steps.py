@@ -61,9 +61,9 @@ def attend_len(spec: StepSpec, filled: int, new: int | None = None) -> int | Non
     (>= 128) holding every write, None for the whole cache. Attention (and, feeding a prompt,
     the row's cache it reads) then costs what the sequences need, not the preallocated length,
     for a few compiled variants. A decode call takes a prefix only when it is at most half the
-    cache: the slice copies every layer's cache prefix, which costs more than attending to the
-    few slots it would skip (at batch 32 on the CPU, 128 of 224 slots is ~4% slower than all
-    224; 128 of 316 is ~15% faster than all 316)."""
+    cache: the slice copies every layer's cache prefix, which a small skip does not repay (batch
+    32 on the CPU, `python -m c2.bench.decode_prefix`: a 128 prefix of 208-224 slots is within
+    5% of the whole cache either way, of 272-316 slots 0-14% faster, of 528 21% faster)."""
     decode = new is None
     if decode:
         new = spec.steps_per_call * (spec.num_draft + 1)
