@@ -1,0 +1,124 @@
+"""In-context copying probe: can the model reproduce a string it has just read?
+
+A policy can only condition on its task (the constant in an instruction, a value in a file it
+read, its own summary) if it copies from its context. This probe measures that directly: a
+random alphanumeric string, then `gap` bytes of filler prose, then the same string again; the
+score is the argmax accuracy of the next-token prediction over the second copy (after its
+first character, which nothing announces). A model that copies scores near 1; one that does
+not scores near chance (1/62 for the alphabet here), whatever its loss on ordinary text.
+
+    python -m c2.eval.copying --policy runs/main/sft [--gaps 0,200,600] [--strings 16]
+        [--length 40] [--seed 0]
+
+Prints one line per gap and, with --out, writes {"policy", "gaps": {gap: accuracy}, ...}.
+Runtime: seconds for the tiny models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+ALPHABET = string.ascii_letters + string.digits
+FILLER = (
+    "The cache is cleared on every deploy.",
+    "Keep this file short and plain.",
+    "Nothing here has been reviewed yet.",
+    "Old entries are removed each quarter.",
+)
+
+
+def probe_texts(gap: int, strings: int, length: int, seed: int) -> list[tuple[str, str]]:
+    """(text, the string) pairs: string, newline, `gap` characters of filler, newline, string."""
+    rng = random.Random(f"copying:{seed}:{gap}")
+    out = []
+    for _ in range(strings):
+        s = "".join(rng.choice(ALPHABET) for _ in range(length))
+        filler = " ".join(rng.choice(FILLER) for _ in range(gap // 20 + 1))[:gap]
+        out.append((f"{s}\n{filler}\n{s}", s))
+    return out
+
+
+def copy_accuracy(
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    encode: Callable[[str], Sequence[int]],
+    gaps: Sequence[int] = (0, 200, 600),
+    strings: int = 16,
+    length: int = 40,
+    seed: int = 0,
+) -> dict[int, float]:
+    """{gap: argmax accuracy over the second copy's predictable tokens}. `logits_fn` maps token
+    ids [T] to next-token logits [T, V]; `encode` maps text to ids (no special tokens added)."""
+    if length < 2 or strings < 1:
+        raise ValueError(f"length={length} must be >= 2 and strings={strings} >= 1")
+    out = {}
+    for gap in gaps:
+        if gap < 0:
+            raise ValueError(f"gaps: {gap} is negative")
+        hits = total = 0
+        for text, s in probe_texts(gap, strings, length, seed):
+            ids = np.asarray(encode(text))
+            k = len(ids) - len(encode(text[: -len(s)]))  # the second copy's tokens
+            pred = np.asarray(logits_fn(ids))[: len(ids) - 1].argmax(-1)
+            # Positions predicting the second copy's tokens 2..k (its first is unannounced).
+            hits += int((pred[len(ids) - k : len(ids) - 1] == ids[len(ids) - k + 1 :]).sum())
+            total += k - 1
+        out[gap] = hits / total
+    return out
+
+
+def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
+    """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
+    so a few lengths compile)."""
+    import jax
+
+    from c2 import model as model_lib
+
+    fwd = jax.jit(lambda p, t: model_lib.forward(p, t, loaded.cfg)[0])
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        n = len(ids)
+        x = np.zeros((1, 1 << max(n - 1, 1).bit_length()), np.int32)
+        x[0, :n] = ids
+        return np.asarray(fwd(loaded.params, x))[0, :n]
+
+    return logits
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m c2.eval.copying")
+    p.add_argument("--policy", required=True, help="a c2 workdir or hf:DIR")
+    p.add_argument("--gaps", default="0,200,600")
+    p.add_argument("--strings", type=int, default=16)
+    p.add_argument("--length", type=int, default=40)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    from c2.eval.models import load_model
+
+    loaded = load_model(args.policy)
+    gaps = [int(g) for g in args.gaps.split(",")]
+    acc = copy_accuracy(
+        model_logits_fn(loaded),
+        loaded.tokenizer.encode,
+        gaps,
+        args.strings,
+        args.length,
+        args.seed,
+    )
+    for gap, a in acc.items():
+        print(f"{args.policy}: gap {gap}: second-copy accuracy {a:.3f} (chance {1 / 62:.3f})")
+    result = {"policy": args.policy, "gaps": acc, "strings": args.strings, "length": args.length}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

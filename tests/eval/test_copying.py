@@ -1,0 +1,74 @@
+"""The copying probe scores a perfect copier 1, a model that ignores its context at chance, and
+runs on a real (untrained) model."""
+
+import numpy as np
+import pytest
+
+from c2.eval import copying
+
+V = 256
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def copier(ids: np.ndarray) -> np.ndarray:
+    """Predicts the token that followed the latest earlier occurrence of the last two tokens
+    (an induction head), else token 0."""
+    out = np.zeros((len(ids), V))
+    for t in range(len(ids)):
+        nxt = 0
+        for j in range(t - 1, 0, -1):
+            if ids[j] == ids[t] and ids[j - 1] == ids[t - 1]:
+                nxt = ids[j + 1]
+                break
+        out[t, nxt] = 1.0
+    return out
+
+
+def unigram(ids: np.ndarray) -> np.ndarray:
+    """Ignores the context: always the same most likely letter."""
+    out = np.zeros((len(ids), V))
+    out[:, ord("e")] = 1.0
+    return out
+
+
+def test_a_copier_scores_one_and_a_context_free_model_scores_near_chance():
+    exact = copying.copy_accuracy(copier, encode, gaps=(0, 200), strings=8, length=40)
+    # It misses only where its two-token match is ambiguous or absent (the string's first token
+    # has no predecessor in the first copy).
+    assert set(exact) == {0, 200} and all(a > 0.9 for a in exact.values())
+    blind = copying.copy_accuracy(unigram, encode, gaps=(0, 200), strings=8, length=40)
+    assert all(a < 0.06 for a in blind.values())  # 'e' is 1 of 62 characters
+
+
+def test_probe_texts_hold_the_string_twice_around_the_filler():
+    (text, s), *_ = copying.probe_texts(gap=100, strings=2, length=12, seed=3)
+    assert text.startswith(s + "\n") and text.endswith("\n" + s)
+    assert len(text) == 2 * 12 + 2 + 100
+    assert copying.probe_texts(100, 2, 12, 3) == copying.probe_texts(100, 2, 12, 3)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="length=1"):
+        copying.copy_accuracy(unigram, encode, length=1)
+    with pytest.raises(ValueError, match="gaps: -5"):
+        copying.copy_accuracy(unigram, encode, gaps=(-5,))
+
+
+def test_an_untrained_model_does_not_copy():
+    import jax
+
+    from c2 import model as model_lib
+    from c2.data.tokenizer import load_tokenizer
+    from c2.eval.models import LoadedModel
+    from c2.model.presets import PRESETS
+
+    cfg = PRESETS["tiny_kimi_k2"]().replace(dtype="float32")
+    params = model_lib.init_params(cfg, jax.random.key(0))
+    loaded = LoadedModel("init", cfg, params, load_tokenizer("byte"), None)
+    acc = copying.copy_accuracy(
+        copying.model_logits_fn(loaded), loaded.tokenizer.encode, gaps=(0,), strings=2
+    )
+    assert 0.0 <= acc[0] < 0.2
