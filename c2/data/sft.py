@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import random
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -298,13 +299,40 @@ def notes_conversations(spec: str, split: str = "train") -> list[dict]:
     return notes.chain_conversations(NOTES_COUNTS[s], FUNCTIONS_SEED, s, files, chars, level)
 
 
+COPY_COUNTS = {"train": 50_000, "eval": 256}
+COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
+    """ "copy[:N]": N (default COPY_COUNTS[split]) examples whose response repeats the prompt,
+    1-4 random alphanumeric strings of 4-12 characters: the loss falls only by copying from the
+    context, the prerequisite for a policy that conditions on its task (c2.eval.copying probes
+    it). Each example is drawn from its own seeded generator, so a split never changes."""
+    s = "eval" if split in ("heldout", "eval") else "train"
+    count = spec.partition(":")[2]
+    if count and not (count.isdigit() and int(count) > 0):
+        raise ValueError(f"SFT spec {spec!r}: expected 'copy' or 'copy:N' with N >= 1")
+    n = int(count) if count else COPY_COUNTS[s]
+    out = []
+    for i in range(n):
+        rng = random.Random(f"copy:{s}:{i}")
+        words = [
+            "".join(rng.choice(COPY_ALPHABET) for _ in range(rng.randint(4, 12)))
+            for _ in range(rng.randint(1, 4))
+        ]
+        text = " ".join(words)
+        out.append({"prompt": text, "response": text, "path": f"copy/{s}/{i}"})
+    return out
+
+
 def load_sft_examples(
     spec: str | Sequence[Mapping[str, str]], split: str = "train"
 ) -> Sequence[Mapping[str, str]]:
     """SFT examples from a spec.
 
     "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
-    conversations of generated function tasks (train or held-out templates); a .jsonl of
+    conversations of generated function tasks (train or held-out templates); "notes...": the
+    notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); a .jsonl of
     {"prompt", "response"} or {"messages"}: its `split` (2% held out); a sequence of example
     dicts: used as is.
     """
@@ -316,9 +344,11 @@ def load_sft_examples(
         return function_task_conversations(split, spec.partition(":")[2] or "full")
     if spec.partition(":")[0] == "notes":
         return notes_conversations(spec, split)
+    if spec.partition(":")[0] == "copy":
+        return copy_examples(spec, split)
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions' or 'notes[:full|fixed]'"
+        "'functions', 'notes[:full|fixed]' or 'copy[:N]'"
     )

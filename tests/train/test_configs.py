@@ -17,7 +17,7 @@ from c2.train.loop import opt_state_shardings
 from c2.train.optimizer import make_optimizer
 
 EXPERIMENTS = Path(__file__).parents[2] / "experiments"
-TINY = ["cpt_tiny", "cpt_deep_tiny", "long_context_tiny", "sft_tiny"]
+TINY = ["cpt_tiny", "cpt_deep_tiny", "long_context_tiny", "sft_tiny", "sft_copy_tiny"]
 REAL = ["cpt_kimi_k2", "long_context_kimi_k2", "sft_kimi_k2"]
 H200_BYTES = 141e9
 
