@@ -19,6 +19,7 @@ import ast
 import json
 import os
 import random
+import string
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -300,7 +301,7 @@ def notes_conversations(spec: str, split: str = "train") -> list[dict]:
 
 
 COPY_COUNTS = {"train": 50_000, "eval": 256}
-COPY_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+COPY_ALPHABET = string.ascii_letters + string.digits
 
 
 def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
