@@ -17,6 +17,7 @@ Runtime: about 2 minutes on the 2-core reference machine.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import platform
 from pathlib import Path
@@ -107,6 +108,7 @@ def main(argv=None) -> dict:
         Path(args.out).write_text(
             json.dumps(
                 {
+                    "date": datetime.date.today().isoformat(),
                     "machine": platform.node(),
                     "batch": args.batch,
                     "filled": args.filled,
