@@ -305,10 +305,14 @@ COPY_ALPHABET = string.ascii_letters + string.digits
 
 
 def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
-    """ "copy[:N]": N (default COPY_COUNTS[split]) examples whose response repeats the prompt,
-    1-4 random alphanumeric strings of 4-12 characters: the loss falls only by copying from the
-    context, the prerequisite for a policy that conditions on its task (c2.eval.copying probes
-    it). Each example is drawn from its own seeded generator, so a split never changes."""
+    """ "copy[:N]": N (default COPY_COUNTS[split]) examples whose response repeats the prompt's
+    1-4 random alphanumeric strings of 4-12 characters in a shuffled order: the loss falls only
+    by copying from the context, the prerequisite for a policy that conditions on its task
+    (c2.eval.copying probes it). The order is shuffled so that the copy has to find each string
+    by its content (an induction head), not at the same offset from the prompt's start: with
+    the prompt repeated verbatim the tiny model learnt the offset (83% of the characters after
+    each string's first right in order, 8% with the strings reversed, the probe at chance).
+    Each example is drawn from its own seeded generator, so a split never changes."""
     s = "eval" if split in ("heldout", "eval") else "train"
     count = spec.partition(":")[2]
     if count and not (count.isdigit() and int(count) > 0):
@@ -321,8 +325,10 @@ def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
             "".join(rng.choice(COPY_ALPHABET) for _ in range(rng.randint(4, 12)))
             for _ in range(rng.randint(1, 4))
         ]
-        text = " ".join(words)
-        out.append({"prompt": text, "response": text, "path": f"copy/{s}/{i}"})
+        shuffled = rng.sample(words, len(words))
+        out.append(
+            {"prompt": " ".join(words), "response": " ".join(shuffled), "path": f"copy/{s}/{i}"}
+        )
     return out
 
 
