@@ -12,8 +12,9 @@ Command:
     python -m c2.main --config=experiments/sft_copy_tiny.py --workdir=runs/sft_copy_tiny
     python -m c2.eval.copying --policy runs/sft_copy_tiny
 Runtime: about 45 minutes on the 2-core reference machine (~1.1 s a step).
-Expected: the loss per response token falls from ~4.1 nats (a random character) towards 0 once
-the model copies, and the probe's second-copy accuracy rises from chance (1/62) towards 1.
+Expected: the loss per response token falls from ~4.1 nats (a random character) towards what
+the shuffled order costs (which string comes next) once the model copies, and the probe's
+second-copy accuracy rises from chance (1/62) towards 1.
 Measured so far (2026-12-03), with the prompt repeated in order (the spec before shuffling):
 the loss left its plateau after ~1,000 steps (3.24 nats at 1,000, 1.62 at 1,500, 0.57 at
 1,790), but the model learnt to copy by offset: at step 1,750, 83% of the characters after each
