@@ -8,9 +8,16 @@ first character, which nothing announces). A model that copies scores near 1; on
 not scores near chance (1/62 for the alphabet here), whatever its loss on ordinary text.
 
     python -m c2.eval.copying --policy runs/main/sft [--gaps 0,200,600] [--strings 16]
-        [--length 40] [--seed 0]
+        [--length 40] [--seed 0] [--chat [--chat_prompts 48]]
 
 Prints one line per gap and, with --out, writes {"policy", "gaps": {gap: accuracy}, ...}.
+
+`--chat` adds the probe in the chat format the copy SFT trains (`c2.data.sft.copy_examples`):
+held-out prompts of 2-4 random strings, answered with the strings in their order and reversed;
+the score is the accuracy over the response's tokens after each string's first. A model that
+finds each string by its content scores the same both ways; one that learnt to copy at a fixed
+offset from the prompt scores well in order only (83% vs 8% for the tiny model trained on
+in-order copies, BENCHMARKS.md issue 16).
 Runtime: seconds for the tiny models.
 """
 
@@ -73,6 +80,48 @@ def copy_accuracy(
     return out
 
 
+def chat_copy_accuracy(
+    logits_fn: Callable[[np.ndarray], np.ndarray], tokenizer, prompts: int = 48
+) -> dict[str, float]:
+    """{"in_order", "reversed"}: argmax accuracy over the response tokens that lie inside a
+    string after its first character, for the first `prompts` held-out copy prompts holding
+    two or more strings, answered in their order and reversed (see the module doc)."""
+    from c2.data import sft
+
+    examples = [e for e in sft.copy_examples("copy", "eval") if " " in e["prompt"]][:prompts]
+    if prompts < 1 or len(examples) < prompts:
+        raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
+    out = {}
+    for name, order in (("in_order", lambda w: w), ("reversed", lambda w: w[::-1])):
+        hits = total = 0
+        for e in examples:
+            words = order(e["prompt"].split())
+            response = " ".join(words)
+            example = {"prompt": e["prompt"], "response": response}
+            ids, mask = sft.format_chat(sft.example_messages(example), tokenizer)
+            first = int(np.flatnonzero(mask)[0])  # the response's tokens start here
+            resp = tokenizer.encode(response)
+            # Character spans of the response's tokens, and the scored ones: inside a string,
+            # not holding its first character.
+            ends = [len(tokenizer.decode(resp[: i + 1])) for i in range(len(resp))]
+            starts = [0, *ends[:-1]]
+            inside = np.zeros(len(response) + 1, bool)
+            heads = np.zeros(len(response) + 1, bool)
+            at = 0
+            for w in words:
+                inside[at : at + len(w)] = True
+                heads[at] = True
+                at += len(w) + 1
+            scored = np.array(
+                [inside[a:b].all() and not heads[a:b].any() for a, b in zip(starts, ends)]
+            )
+            pred = np.asarray(logits_fn(ids))[first - 1 : first - 1 + len(resp)].argmax(-1)
+            hits += int(((pred == np.asarray(resp)) & scored).sum())
+            total += int(scored.sum())
+        out[name] = hits / total
+    return out
+
+
 def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
     """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
     so a few lengths compile)."""
@@ -98,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--strings", type=int, default=16)
     p.add_argument("--length", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chat", action="store_true", help="also the chat-format probe")
+    p.add_argument("--chat_prompts", type=int, default=48)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     from c2.eval.models import load_model
@@ -115,6 +166,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     for gap, a in acc.items():
         print(f"{args.policy}: gap {gap}: second-copy accuracy {a:.3f} (chance {1 / 62:.3f})")
     result = {"policy": args.policy, "gaps": acc, "strings": args.strings, "length": args.length}
+    if args.chat:
+        chat = chat_copy_accuracy(model_logits_fn(loaded), loaded.tokenizer, args.chat_prompts)
+        print(
+            f"{args.policy}: chat format, response tokens after each string's first: "
+            f"in order {chat['in_order']:.3f}, reversed {chat['reversed']:.3f}"
+        )
+        result["chat"] = chat
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

@@ -6,7 +6,7 @@ import pytest
 
 from c2.eval import copying
 
-V = 256
+V = 512  # the byte tokenizer with its specials fits
 
 
 def encode(text: str) -> list[int]:
@@ -72,3 +72,30 @@ def test_an_untrained_model_does_not_copy():
         copying.model_logits_fn(loaded), loaded.tokenizer.encode, gaps=(0,), strings=2
     )
     assert 0.0 <= acc[0] < 0.2
+
+
+def test_the_chat_probe_tells_copying_by_content_from_copying_by_offset():
+    from c2.data.sft import IM_START
+    from c2.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    im_start = tok.specials[IM_START]
+
+    def by_offset(ids: np.ndarray) -> np.ndarray:
+        """Predicts the token as far back as the assistant's text starts after the user's: the
+        prompt again, in its order."""
+        user, assistant = (int(i) + len("user\n") + 1 for i in np.flatnonzero(ids == im_start)[:2])
+        d = assistant - user + (len("assistant\n") - len("user\n"))
+        out = np.zeros((len(ids), V))
+        for t in range(len(ids)):
+            out[t, ids[t + 1 - d] if 0 <= t + 1 - d < len(ids) else 0] = 1.0
+        return out
+
+    content = copying.chat_copy_accuracy(copier, tok, prompts=12)
+    offset = copying.chat_copy_accuracy(by_offset, tok, prompts=12)
+    blind = copying.chat_copy_accuracy(unigram, tok, prompts=12)
+    assert min(content.values()) > 0.8
+    assert offset["in_order"] == 1.0 and offset["reversed"] < 0.3
+    assert max(blind.values()) < 0.1
+    with pytest.raises(ValueError, match="prompts=0"):
+        copying.chat_copy_accuracy(copier, tok, prompts=0)
