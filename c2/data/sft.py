@@ -340,11 +340,18 @@ def load_sft_examples(
     "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
     conversations of generated function tasks (train or held-out templates); "notes...": the
     notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); a .jsonl of
-    {"prompt", "response"} or {"messages"}: its `split` (2% held out); a sequence of example
-    dicts: used as is.
+    {"prompt", "response"} or {"messages"}: its `split` (2% held out); "A+B": the examples of
+    each (a mixture in proportion to their counts, shuffled together by the pipeline; for
+    example "functions:basic+copy:720" keeps the copying the copy stage taught, which agent SFT
+    alone erases); a sequence of example dicts: used as is.
     """
     if not isinstance(spec, str):
         return spec
+    if "+" in spec and not os.path.exists(spec):
+        parts = spec.split("+")
+        if not all(parts):
+            raise ValueError(f"SFT examples spec {spec!r}: an empty part in the mixture")
+        return [e for part in parts for e in load_sft_examples(part, split)]
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
     if spec in ("functions", "functions:full", "functions:basic"):
@@ -357,5 +364,5 @@ def load_sft_examples(
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions', 'notes[:full|fixed]' or 'copy[:N]'"
+        "'functions', 'notes[:full|fixed]', 'copy[:N]' or a mixture 'A+B'"
     )

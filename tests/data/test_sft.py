@@ -297,3 +297,14 @@ def test_copy_examples_repeat_the_prompts_strings_deterministically_with_disjoin
     assert len(sft.load_sft_examples("copy", "eval")) == sft.COPY_COUNTS["eval"]
     with pytest.raises(ValueError, match="'copy:N' with N >= 1"):
         sft.load_sft_examples("copy:0")
+
+
+def test_a_mixture_spec_holds_each_parts_examples():
+    mix = sft.load_sft_examples("functions:basic+copy:30", "eval")
+    agent = sft.load_sft_examples("functions:basic", "eval")
+    copies = sft.load_sft_examples("copy:30", "eval")
+    assert list(mix) == [*agent, *copies]
+    with pytest.raises(ValueError, match="an empty part"):
+        sft.load_sft_examples("copy:30+", "train")
+    with pytest.raises(ValueError, match="'nope'"):
+        sft.load_sft_examples("copy:30+nope", "train")
