@@ -332,6 +332,39 @@ def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
     return out
 
 
+RECALL_VALUES = tuple("+-*/%<>") + tuple(str(i) for i in range(100))
+
+
+def recall_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
+    """ "recall[:N]": N (default COPY_COUNTS[split]) examples whose prompt lists 2-6 `key = value`
+    lines (keys: random lowercase names of 3-8 letters; values: one operator character or a
+    number below 100) and whose response recalls 1-3 of them, in a shuffled order, as the same
+    lines. The value follows a context (` = ` after the key) that the prompt's other lines share,
+    so only a copy that matches the key before the value lowers the loss: the form of a
+    constant read from an instruction or a number read from a note, which copying whole strings
+    (`copy_examples`) did not teach the agent policy to use. Seeded per example."""
+    s = "eval" if split in ("heldout", "eval") else "train"
+    count = spec.partition(":")[2]
+    if count and not (count.isdigit() and int(count) > 0):
+        raise ValueError(f"SFT spec {spec!r}: expected 'recall' or 'recall:N' with N >= 1")
+    n = int(count) if count else COPY_COUNTS[s]
+    out = []
+    for i in range(n):
+        rng = random.Random(f"recall:{s}:{i}")
+        keys: list[str] = []
+        want = rng.randint(2, 6)
+        while len(keys) < want:
+            key = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 8)))
+            if key not in keys:
+                keys.append(key)
+        lines = [f"{k} = {rng.choice(RECALL_VALUES)}" for k in keys]
+        asked = rng.sample(lines, rng.randint(1, min(3, len(lines))))
+        out.append(
+            {"prompt": "\n".join(lines), "response": "\n".join(asked), "path": f"recall/{s}/{i}"}
+        )
+    return out
+
+
 def load_sft_examples(
     spec: str | Sequence[Mapping[str, str]], split: str = "train"
 ) -> Sequence[Mapping[str, str]]:
@@ -339,7 +372,8 @@ def load_sft_examples(
 
     "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
     conversations of generated function tasks (train or held-out templates); "notes...": the
-    notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); a .jsonl of
+    notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); "recall[:N]":
+    `key = value` lines recalled by key (`recall_examples`); a .jsonl of
     {"prompt", "response"} or {"messages"}: its `split` (2% held out); "A+B": the examples of
     each (a mixture in proportion to their counts, shuffled together by the pipeline; for
     example "functions:basic+copy:720" keeps the copying the copy stage taught, which agent SFT
@@ -360,9 +394,11 @@ def load_sft_examples(
         return notes_conversations(spec, split)
     if spec.partition(":")[0] == "copy":
         return copy_examples(spec, split)
+    if spec.partition(":")[0] == "recall":
+        return recall_examples(spec, split)
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions', 'notes[:full|fixed]', 'copy[:N]' or a mixture 'A+B'"
+        "'functions', 'notes[:full|fixed]', 'copy[:N]', 'recall[:N]' or a mixture 'A+B'"
     )

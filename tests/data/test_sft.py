@@ -308,3 +308,23 @@ def test_a_mixture_spec_holds_each_parts_examples():
         sft.load_sft_examples("copy:30+", "train")
     with pytest.raises(ValueError, match="'nope'"):
         sft.load_sft_examples("copy:30+nope", "train")
+
+
+def test_recall_examples_answer_each_asked_key_with_its_value():
+    train = sft.load_sft_examples("recall:300", "train")
+    held = sft.load_sft_examples("recall:300", "eval")
+    assert train == sft.load_sft_examples("recall:300", "train") and len(train) == 300
+    for e in train:
+        table = dict(line.split(" = ") for line in e["prompt"].split("\n"))
+        asked = [line.split(" = ") for line in e["response"].split("\n")]
+        assert 2 <= len(table) <= 6 and 1 <= len(asked) <= min(3, len(table))
+        assert all(table[k] == v for k, v in asked) and len({k for k, _ in asked}) == len(asked)
+        assert all(k.isalpha() and k.islower() and 3 <= len(k) <= 8 for k in table)
+        assert all(v in sft.RECALL_VALUES for v in table.values())
+    # A prompt's values almost always differ, so only the key tells which one to write.
+    distinct = [len({line.split(" = ")[1] for line in e["prompt"].split("\n")}) for e in train]
+    assert np.mean([d > 1 for d in distinct]) > 0.95
+    assert {len(e["prompt"].split("\n")) for e in train} == {2, 3, 4, 5, 6}
+    assert not {e["prompt"] for e in train} & {e["prompt"] for e in held}
+    with pytest.raises(ValueError, match="'recall:N' with N >= 1"):
+        sft.load_sft_examples("recall:x")
