@@ -88,9 +88,10 @@ def chat_copy_accuracy(
     two or more strings, answered in their order and reversed (see the module doc)."""
     from c2.data import sft
 
-    examples = [e for e in sft.copy_examples("copy", "eval") if " " in e["prompt"]][:prompts]
-    if prompts < 1 or len(examples) < prompts:
+    examples = [e for e in sft.copy_examples("copy", "eval") if " " in e["prompt"]]
+    if not 1 <= prompts <= len(examples):
         raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
+    examples = examples[:prompts]
     out = {}
     for name, order in (("in_order", lambda w: w), ("reversed", lambda w: w[::-1])):
         hits = total = 0

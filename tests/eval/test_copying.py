@@ -99,3 +99,5 @@ def test_the_chat_probe_tells_copying_by_content_from_copying_by_offset():
     assert max(blind.values()) < 0.1
     with pytest.raises(ValueError, match="prompts=0"):
         copying.chat_copy_accuracy(copier, tok, prompts=0)
+    with pytest.raises(ValueError, match=r"prompts=10000: expected 1\.\.\d+"):
+        copying.chat_copy_accuracy(copier, tok, prompts=10_000)
