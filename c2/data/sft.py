@@ -313,22 +313,28 @@ def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
     the prompt repeated verbatim the tiny model learnt the offset (83% of the characters after
     each string's first right in order, 8% with the strings reversed, the probe at chance).
     Each example is drawn from its own seeded generator, so a split never changes."""
-    s = "eval" if split in ("heldout", "eval") else "train"
-    count = spec.partition(":")[2]
-    if count and not (count.isdigit() and int(count) > 0):
-        raise ValueError(f"SFT spec {spec!r}: expected 'copy' or 'copy:N' with N >= 1")
-    n = int(count) if count else COPY_COUNTS[s]
-    out = []
-    for i in range(n):
-        rng = random.Random(f"copy:{s}:{i}")
+
+    def draw(rng: random.Random) -> tuple[str, str]:
         words = [
             "".join(rng.choice(COPY_ALPHABET) for _ in range(rng.randint(4, 12)))
             for _ in range(rng.randint(1, 4))
         ]
-        shuffled = rng.sample(words, len(words))
-        out.append(
-            {"prompt": " ".join(words), "response": " ".join(shuffled), "path": f"copy/{s}/{i}"}
-        )
+        return " ".join(words), " ".join(rng.sample(words, len(words)))
+
+    return _seeded_examples(spec, split, draw)
+
+
+def _seeded_examples(spec: str, split: str, draw) -> list[dict[str, str]]:
+    """ "NAME[:N]": N (default COPY_COUNTS[split]) {"prompt", "response", "path"} examples, the
+    i-th from `draw(random.Random("NAME:split:i"))`, so a split never changes."""
+    name, _, count = spec.partition(":")
+    if count and not (count.isdigit() and int(count) > 0):
+        raise ValueError(f"SFT spec {spec!r}: expected '{name}' or '{name}:N' with N >= 1")
+    s = "eval" if split in ("heldout", "eval") else "train"
+    out = []
+    for i in range(int(count) if count else COPY_COUNTS[s]):
+        prompt, response = draw(random.Random(f"{name}:{s}:{i}"))
+        out.append({"prompt": prompt, "response": response, "path": f"{name}/{s}/{i}"})
     return out
 
 
@@ -343,14 +349,8 @@ def recall_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
     so only a copy that matches the key before the value lowers the loss: the form of a
     constant read from an instruction or a number read from a note, which copying whole strings
     (`copy_examples`) did not teach the agent policy to use. Seeded per example."""
-    s = "eval" if split in ("heldout", "eval") else "train"
-    count = spec.partition(":")[2]
-    if count and not (count.isdigit() and int(count) > 0):
-        raise ValueError(f"SFT spec {spec!r}: expected 'recall' or 'recall:N' with N >= 1")
-    n = int(count) if count else COPY_COUNTS[s]
-    out = []
-    for i in range(n):
-        rng = random.Random(f"recall:{s}:{i}")
+
+    def draw(rng: random.Random) -> tuple[str, str]:
         keys: list[str] = []
         want = rng.randint(2, 6)
         while len(keys) < want:
@@ -358,11 +358,9 @@ def recall_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
             if key not in keys:
                 keys.append(key)
         lines = [f"{k} = {rng.choice(RECALL_VALUES)}" for k in keys]
-        asked = rng.sample(lines, rng.randint(1, min(3, len(lines))))
-        out.append(
-            {"prompt": "\n".join(lines), "response": "\n".join(asked), "path": f"recall/{s}/{i}"}
-        )
-    return out
+        return "\n".join(lines), "\n".join(rng.sample(lines, rng.randint(1, min(3, len(lines)))))
+
+    return _seeded_examples(spec, split, draw)
 
 
 def load_sft_examples(
