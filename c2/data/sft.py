@@ -325,16 +325,30 @@ def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
 
 
 def _seeded_examples(spec: str, split: str, draw) -> list[dict[str, str]]:
-    """ "NAME[:N]": N (default COPY_COUNTS[split]) {"prompt", "response", "path"} examples, the
-    i-th from `draw(random.Random("NAME:split:i"))`, so a split never changes."""
-    name, _, count = spec.partition(":")
-    if count and not (count.isdigit() and int(count) > 0):
-        raise ValueError(f"SFT spec {spec!r}: expected '{name}' or '{name}:N' with N >= 1")
+    """ "NAME[:N][:agent]": N (default COPY_COUNTS[split]) {"prompt", "response", "path"}
+    examples, the i-th from `draw(random.Random("NAME:split:i"))`, so a split never changes.
+    ":agent" puts the agent's system prompt (`compact_system_prompt`, ~175 bytes) before each
+    prompt, as every agent episode has it: a copy learnt in short contexts alone does not carry
+    over to one that begins with it (BENCHMARKS.md, issue 16: recalled values 62% alone, 1.5%
+    behind the system prompt)."""
+    name, *options = spec.split(":")
+    agent = options[-1:] == ["agent"]
+    count = options[0] if options and options[0] != "agent" else ""
+    if len(options) > 1 + agent or (count and not (count.isdigit() and int(count) > 0)):
+        raise ValueError(
+            f"SFT spec {spec!r}: expected '{name}', '{name}:N' with N >= 1, "
+            f"'{name}:agent' or '{name}:N:agent'"
+        )
+    system = {}
+    if agent:
+        from c2.envs.episode import compact_system_prompt  # the environments package, only here
+
+        system = {"system": compact_system_prompt()}
     s = "eval" if split in ("heldout", "eval") else "train"
     out = []
     for i in range(int(count) if count else COPY_COUNTS[s]):
         prompt, response = draw(random.Random(f"{name}:{s}:{i}"))
-        out.append({"prompt": prompt, "response": response, "path": f"{name}/{s}/{i}"})
+        out.append({"prompt": prompt, "response": response, **system, "path": f"{name}/{s}/{i}"})
     return out
 
 
@@ -371,7 +385,8 @@ def load_sft_examples(
     "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
     conversations of generated function tasks (train or held-out templates); "notes...": the
     notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); "recall[:N]":
-    `key = value` lines recalled by key (`recall_examples`); a .jsonl of
+    `key = value` lines recalled by key (`recall_examples`); either with ":agent" after the
+    system prompt agent episodes begin with; a .jsonl of
     {"prompt", "response"} or {"messages"}: its `split` (2% held out); "A+B": the examples of
     each (a mixture in proportion to their counts, shuffled together by the pipeline; for
     example "functions:basic+copy:720" keeps the copying the copy stage taught, which agent SFT
@@ -398,5 +413,6 @@ def load_sft_examples(
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions', 'notes[:full|fixed]', 'copy[:N]', 'recall[:N]' or a mixture 'A+B'"
+        "'functions', 'notes[:full|fixed]', 'copy[:N][:agent]', 'recall[:N][:agent]' or a "
+        "mixture 'A+B'"
     )

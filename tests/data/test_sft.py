@@ -328,3 +328,23 @@ def test_recall_examples_answer_each_asked_key_with_its_value():
     assert not {e["prompt"] for e in train} & {e["prompt"] for e in held}
     with pytest.raises(ValueError, match="'recall:N' with N >= 1"):
         sft.load_sft_examples("recall:x")
+
+
+def test_agent_option_puts_the_agent_system_prompt_before_the_same_examples():
+    from c2.data.tokenizer import ByteTokenizer
+    from c2.envs.episode import compact_system_prompt
+
+    for name in ("copy", "recall"):
+        plain = sft.load_sft_examples(f"{name}:20", "train")
+        agent = sft.load_sft_examples(f"{name}:20:agent", "train")
+        assert [{**e, "system": compact_system_prompt()} for e in plain] == agent
+        assert len(sft.load_sft_examples(f"{name}:agent", "eval")) == sft.COPY_COUNTS["eval"]
+        for bad in (f"{name}:agent:3", f"{name}:3:agents", f"{name}:3:agent:1"):
+            with pytest.raises(ValueError, match=f"'{name}:N:agent'"):
+                sft.load_sft_examples(bad)
+    # Rendered, the system turn comes first and only the reply is trained.
+    tok = ByteTokenizer()
+    ids, mask = sft.format_chat(sft.example_messages(agent[0]), tok)
+    text = tok.decode(ids)
+    assert text.index(compact_system_prompt()) < text.index(agent[0]["prompt"])
+    assert tok.decode(np.asarray(ids)[np.asarray(mask, bool)]).startswith(agent[0]["response"])
