@@ -38,6 +38,13 @@ in the mixture (`functions:full+functions:basic+copy:4000`, 1,500 steps) it copi
 names (70% / 65% of their characters after the first, train / held-out templates; 17-27% at 500
 steps) but still not the one-character operation or constant (basic level 0.43 / 0.46 of those
 characters, chance 0.42; the chat probe fell to 0.65).
+Recall by key (`--config.data.corpus=recall+copy:20000`, 1,500 steps from here): held-out
+values 62% right, keys 97%. But the skill is tied to its context: behind any system turn (even
+the agent system prompt's first 40 characters, answers still inside the trained positions) the
+values fall to 0-3%, and the first agent-SFT steps from it cost 11 nats a token. `:agent` on the
+spec puts that system prompt before each example (`recall:12000:agent+copy:4000:agent+
+functions:basic+functions:basic`, lr 1e-3, 1,200 steps): values behind it 16% at 400 steps, 32%
+at 600, 41% at 1,200, the basic level's operation and constant still at chance (0.43 / 0.35).
 """
 
 from c2.train.config import stage_defaults
