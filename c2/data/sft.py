@@ -329,8 +329,8 @@ def _seeded_examples(spec: str, split: str, draw) -> list[dict[str, str]]:
     examples, the i-th from `draw(random.Random("NAME:split:i"))`, so a split never changes.
     ":agent" puts the agent's system prompt (`compact_system_prompt`, ~175 bytes) before each
     prompt, as every agent episode has it: a copy learnt in short contexts alone does not carry
-    over to one that begins with it (BENCHMARKS.md, issue 16: recalled values 62% alone, 1.5%
-    behind the system prompt)."""
+    over to one that begins with it (BENCHMARKS.md, issue 16: recalled values 62% alone, 0-3%
+    behind a system turn)."""
     name, *options = spec.split(":")
     agent = options[-1:] == ["agent"]
     count = options[0] if options and options[0] != "agent" else ""
