@@ -9,6 +9,7 @@ not scores near chance (1/62 for the alphabet here), whatever its loss on ordina
 
     python -m c2.eval.copying --policy runs/main/sft [--gaps 0,200,600] [--strings 16]
         [--length 40] [--seed 0] [--chat [--chat_prompts 48]]
+        [--recall [--recall_prompts 48] [--recall_system 0,all]]
 
 Prints one line per gap and, with --out, writes {"policy", "gaps": {gap: accuracy}, ...}.
 
@@ -18,6 +19,12 @@ the score is the accuracy over the response's tokens after each string's first. 
 finds each string by its content scores the same both ways; one that learnt to copy at a fixed
 offset from the prompt scores well in order only (83% vs 8% for the tiny model trained on
 in-order copies, BENCHMARKS.md issue 16).
+`--recall` adds the probe in the form a constant or a note's value is read in: held-out
+`c2.data.sft.recall_examples` (`key = value` lines, the response recalling some of them by key),
+scored on the recalled values' tokens and on the keys' tokens after their first; `--recall_system
+0,40,all` puts that many characters of the agent system prompt before each prompt (a system turn,
+as in `recall:N:agent`). The tiny model trained on recall without one gets 62% of the values
+right with none and 0-3% behind any (BENCHMARKS.md, issue 16): the copy is tied to its context.
 Runtime: seconds for the tiny models.
 """
 
@@ -123,6 +130,51 @@ def chat_copy_accuracy(
     return out
 
 
+def recall_accuracy(
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    tokenizer,
+    prompts: int = 48,
+    system_chars: int = 0,
+) -> dict[str, float]:
+    """{"values", "keys"}: argmax accuracy over the response tokens that lie inside a recalled
+    value, and inside a recalled key after its first character (which key comes next is the
+    response's choice), for the first `prompts` held-out recall examples, each behind the first
+    `system_chars` characters of the agent system prompt as a system turn (0: none)."""
+    from c2.data import sft
+    from c2.envs.episode import compact_system_prompt
+
+    examples = sft.recall_examples("recall", "eval")
+    if not 1 <= prompts <= len(examples):
+        raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
+    if system_chars < 0:
+        raise ValueError(f"system_chars={system_chars}: expected >= 0")
+    system = compact_system_prompt()[:system_chars]
+    hits = {"values": 0, "keys": 0}
+    total = {"values": 0, "keys": 0}
+    for e in examples[:prompts]:
+        example = {**e, "system": system}
+        ids, mask = sft.format_chat(sft.example_messages(example), tokenizer)
+        first = int(np.flatnonzero(mask)[0])  # the response's tokens start here
+        response = e["response"]
+        resp = tokenizer.encode(response)
+        ends = [len(tokenizer.decode(resp[: i + 1])) for i in range(len(resp))]
+        starts = [0, *ends[:-1]]
+        kind = np.full(len(response) + 1, "", object)  # per character: "keys", "values" or ""
+        at = 0
+        for line in response.split("\n"):
+            key, value = line.split(" = ")
+            kind[at + 1 : at + len(key)] = "keys"
+            kind[at + len(key) + 3 : at + len(line)] = "values"
+            at += len(line) + 1
+        pred = np.asarray(logits_fn(ids))[first - 1 : first - 1 + len(resp)].argmax(-1)
+        for i, (a, b) in enumerate(zip(starts, ends)):
+            spans = set(kind[a:b])
+            if len(spans) == 1 and (name := spans.pop()):
+                hits[name] += int(pred[i] == resp[i])
+                total[name] += 1
+    return {name: hits[name] / total[name] for name in hits}
+
+
 def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
     """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
     so a few lengths compile)."""
@@ -150,6 +202,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chat", action="store_true", help="also the chat-format probe")
     p.add_argument("--chat_prompts", type=int, default=48)
+    p.add_argument("--recall", action="store_true", help="also the recall-by-key probe")
+    p.add_argument("--recall_prompts", type=int, default=48)
+    p.add_argument(
+        "--recall_system",
+        default="0,all",
+        help="characters of the agent system prompt before each recall prompt ('all': all)",
+    )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     from c2.eval.models import load_model
@@ -174,6 +233,22 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"in order {chat['in_order']:.3f}, reversed {chat['reversed']:.3f}"
         )
         result["chat"] = chat
+    if args.recall:
+        from c2.envs.episode import compact_system_prompt
+
+        whole = len(compact_system_prompt())
+        result["recall"] = {}
+        logits_fn = model_logits_fn(loaded)
+        for chars in args.recall_system.split(","):
+            if not (chars == "all" or chars.isdigit()):
+                p.error(f"--recall_system: {chars!r} is not a count of characters or 'all'")
+            n = whole if chars == "all" else int(chars)
+            r = recall_accuracy(logits_fn, loaded.tokenizer, args.recall_prompts, n)
+            print(
+                f"{args.policy}: recall by key behind {min(n, whole)} characters of the agent "
+                f"system prompt: values {r['values']:.3f}, keys after their first {r['keys']:.3f}"
+            )
+            result["recall"][str(min(n, whole))] = r
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

@@ -101,3 +101,38 @@ def test_the_chat_probe_tells_copying_by_content_from_copying_by_offset():
         copying.chat_copy_accuracy(copier, tok, prompts=0)
     with pytest.raises(ValueError, match=r"prompts=10000: expected 1\.\.\d+"):
         copying.chat_copy_accuracy(copier, tok, prompts=10_000)
+
+
+def longest_match_copier(ids: np.ndarray, longest: int = 16) -> np.ndarray:
+    """Predicts the token that followed the earlier position whose preceding tokens match the
+    current ones longest (an induction head that matches on a whole key)."""
+    ids = np.asarray(ids)
+    out = np.zeros((len(ids), V))
+    for t in range(1, len(ids)):
+        run = np.zeros(t, int)  # run[j]: how many tokens before and at j match those up to t
+        alive = np.ones(t, bool)
+        for k in range(min(longest, t)):
+            j = np.arange(t)
+            ok = alive & (j - k >= 0) & (ids[np.maximum(j - k, 0)] == ids[t - k])
+            run += ok
+            alive = ok
+        out[t, ids[int(np.argmax(run)) + 1] if run.max() > 0 else 0] = 1.0
+    return out
+
+
+def test_the_recall_probe_scores_a_copy_that_matches_the_key():
+    from c2.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    for system_chars in (0, 40, 10_000):
+        exact = copying.recall_accuracy(longest_match_copier, tok, 12, system_chars)
+        assert exact["values"] == 1.0 and exact["keys"] > 0.95
+    # Matching only the two tokens before the value (`= `) copies the wrong line's value.
+    short = copying.recall_accuracy(copier, tok, prompts=12)
+    assert short["values"] < 0.6 and short["keys"] > 0.9
+    blind = copying.recall_accuracy(unigram, tok, prompts=12)
+    assert blind["values"] == 0.0 and blind["keys"] < 0.2
+    with pytest.raises(ValueError, match="prompts=0"):
+        copying.recall_accuracy(copier, tok, prompts=0)
+    with pytest.raises(ValueError, match="system_chars=-1"):
+        copying.recall_accuracy(copier, tok, system_chars=-1)
