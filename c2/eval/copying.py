@@ -211,6 +211,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    recall_system = args.recall_system.split(",")
+    for chars in recall_system:
+        if not (chars == "all" or chars.isdigit()):
+            p.error(f"--recall_system: {chars!r} is not a count of characters or 'all'")
     from c2.eval.models import load_model
 
     loaded = load_model(args.policy)
@@ -239,9 +243,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         whole = len(compact_system_prompt())
         result["recall"] = {}
         logits_fn = model_logits_fn(loaded)
-        for chars in args.recall_system.split(","):
-            if not (chars == "all" or chars.isdigit()):
-                p.error(f"--recall_system: {chars!r} is not a count of characters or 'all'")
+        for chars in recall_system:
             n = whole if chars == "all" else int(chars)
             r = recall_accuracy(logits_fn, loaded.tokenizer, args.recall_prompts, n)
             print(

@@ -136,3 +136,9 @@ def test_the_recall_probe_scores_a_copy_that_matches_the_key():
         copying.recall_accuracy(copier, tok, prompts=0)
     with pytest.raises(ValueError, match="system_chars=-1"):
         copying.recall_accuracy(copier, tok, system_chars=-1)
+
+
+def test_a_bad_recall_system_list_is_named_before_the_model_loads(capsys):
+    with pytest.raises(SystemExit):
+        copying.main(["--policy", "no/such/dir", "--recall", "--recall_system", "0,x"])
+    assert "--recall_system: 'x' is not a count" in capsys.readouterr().err
