@@ -87,6 +87,19 @@ def copy_accuracy(
     return out
 
 
+def _response_tokens(logits_fn, tokenizer, example: dict) -> tuple[np.ndarray, np.ndarray, list]:
+    """The chat-rendered `example`'s response tokens, the model's argmax prediction of each, and
+    each token's (start, end) character span in the response."""
+    from c2.data import sft
+
+    ids, mask = sft.format_chat(sft.example_messages(example), tokenizer)
+    first = int(np.flatnonzero(mask)[0])  # the response's tokens start here
+    resp = tokenizer.encode(example["response"])
+    ends = [len(tokenizer.decode(resp[: i + 1])) for i in range(len(resp))]
+    pred = np.asarray(logits_fn(ids))[first - 1 : first - 1 + len(resp)].argmax(-1)
+    return np.asarray(resp), pred, list(zip([0, *ends[:-1]], ends))
+
+
 def chat_copy_accuracy(
     logits_fn: Callable[[np.ndarray], np.ndarray], tokenizer, prompts: int = 48
 ) -> dict[str, float]:
@@ -106,13 +119,8 @@ def chat_copy_accuracy(
             words = order(e["prompt"].split())
             response = " ".join(words)
             example = {"prompt": e["prompt"], "response": response}
-            ids, mask = sft.format_chat(sft.example_messages(example), tokenizer)
-            first = int(np.flatnonzero(mask)[0])  # the response's tokens start here
-            resp = tokenizer.encode(response)
-            # Character spans of the response's tokens, and the scored ones: inside a string,
-            # not holding its first character.
-            ends = [len(tokenizer.decode(resp[: i + 1])) for i in range(len(resp))]
-            starts = [0, *ends[:-1]]
+            resp, pred, spans = _response_tokens(logits_fn, tokenizer, example)
+            # The scored tokens: inside a string, not holding its first character.
             inside = np.zeros(len(response) + 1, bool)
             heads = np.zeros(len(response) + 1, bool)
             at = 0
@@ -120,11 +128,8 @@ def chat_copy_accuracy(
                 inside[at : at + len(w)] = True
                 heads[at] = True
                 at += len(w) + 1
-            scored = np.array(
-                [inside[a:b].all() and not heads[a:b].any() for a, b in zip(starts, ends)]
-            )
-            pred = np.asarray(logits_fn(ids))[first - 1 : first - 1 + len(resp)].argmax(-1)
-            hits += int(((pred == np.asarray(resp)) & scored).sum())
+            scored = np.array([inside[a:b].all() and not heads[a:b].any() for a, b in spans])
+            hits += int(((pred == resp) & scored).sum())
             total += int(scored.sum())
         out[name] = hits / total
     return out
@@ -152,24 +157,16 @@ def recall_accuracy(
     hits = {"values": 0, "keys": 0}
     total = {"values": 0, "keys": 0}
     for e in examples[:prompts]:
-        example = {**e, "system": system}
-        ids, mask = sft.format_chat(sft.example_messages(example), tokenizer)
-        first = int(np.flatnonzero(mask)[0])  # the response's tokens start here
-        response = e["response"]
-        resp = tokenizer.encode(response)
-        ends = [len(tokenizer.decode(resp[: i + 1])) for i in range(len(resp))]
-        starts = [0, *ends[:-1]]
-        kind = np.full(len(response) + 1, "", object)  # per character: "keys", "values" or ""
+        resp, pred, spans = _response_tokens(logits_fn, tokenizer, {**e, "system": system})
+        kind = np.full(len(e["response"]) + 1, "", object)  # per character: "keys", "values", ""
         at = 0
-        for line in response.split("\n"):
-            key, value = line.split(" = ")
+        for line in e["response"].split("\n"):
+            key = line.split(" = ")[0]
             kind[at + 1 : at + len(key)] = "keys"
             kind[at + len(key) + 3 : at + len(line)] = "values"
             at += len(line) + 1
-        pred = np.asarray(logits_fn(ids))[first - 1 : first - 1 + len(resp)].argmax(-1)
-        for i, (a, b) in enumerate(zip(starts, ends)):
-            spans = set(kind[a:b])
-            if len(spans) == 1 and (name := spans.pop()):
+        for i, (a, b) in enumerate(spans):
+            if len(names := set(kind[a:b])) == 1 and (name := names.pop()):
                 hits[name] += int(pred[i] == resp[i])
                 total[name] += 1
     return {name: hits[name] / total[name] for name in hits}
@@ -218,9 +215,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     from c2.eval.models import load_model
 
     loaded = load_model(args.policy)
+    logits_fn = model_logits_fn(loaded)
     gaps = [int(g) for g in args.gaps.split(",")]
     acc = copy_accuracy(
-        model_logits_fn(loaded),
+        logits_fn,
         loaded.tokenizer.encode,
         gaps,
         args.strings,
@@ -231,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         print(f"{args.policy}: gap {gap}: second-copy accuracy {a:.3f} (chance {1 / 62:.3f})")
     result = {"policy": args.policy, "gaps": acc, "strings": args.strings, "length": args.length}
     if args.chat:
-        chat = chat_copy_accuracy(model_logits_fn(loaded), loaded.tokenizer, args.chat_prompts)
+        chat = chat_copy_accuracy(logits_fn, loaded.tokenizer, args.chat_prompts)
         print(
             f"{args.policy}: chat format, response tokens after each string's first: "
             f"in order {chat['in_order']:.3f}, reversed {chat['reversed']:.3f}"
@@ -242,15 +240,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
         whole = len(compact_system_prompt())
         result["recall"] = {}
-        logits_fn = model_logits_fn(loaded)
         for chars in recall_system:
-            n = whole if chars == "all" else int(chars)
+            n = whole if chars == "all" else min(int(chars), whole)
             r = recall_accuracy(logits_fn, loaded.tokenizer, args.recall_prompts, n)
             print(
-                f"{args.policy}: recall by key behind {min(n, whole)} characters of the agent "
-                f"system prompt: values {r['values']:.3f}, keys after their first {r['keys']:.3f}"
+                f"{args.policy}: recall by key behind {n} characters of the agent system "
+                f"prompt: values {r['values']:.3f}, keys after their first {r['keys']:.3f}"
             )
-            result["recall"][str(min(n, whole))] = r
+            result["recall"][str(n)] = r
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result
