@@ -1,24 +1,26 @@
 """Agent SFT (docs/recipe.md §1.3 and §3), tiny: oracle episodes of generated function tasks.
 
-Data: `data.corpus = "functions:basic"`: the 720 oracle conversations of the basic level of
-c2/envs/functions.py ("[db] Write f(n) in f.py: return n * 3.": compact system prompt, the
-write_file call, its tool response, the submit call), rendered by c2.data.chat.AgentChat exactly
-as RL episodes are (experiments/rl_tiny.py plays the same level), the loss on the two replies
-only. `"functions"` is the full level (18 operations, varied names and files; 4,000
-conversations). Held-out batches come from the eval templates (sentence frames never trained on).
-The model keeps the stage-2 YaRN setting (it follows sft_tiny in experiments/pipeline_tiny.py).
+Data: `data.corpus = "functions:wide"`: 8,000 oracle conversations of the wide level of
+c2/envs/functions.py ("[db] Write f(n) in f.py: return n * 47.": compact system prompt, the
+write_file call, its tool response, the submit call; constants 1-99), rendered by
+c2.data.chat.AgentChat exactly as RL episodes are (experiments/rl_tiny.py plays the same level),
+the loss on the two replies only. `"functions:basic"` is the basic level (720 conversations,
+constants 2 and 3), `"functions"` the full level (18 operations, varied names and files).
+Held-out batches come from the eval templates (sentence frames never trained on). The model
+keeps the stage-2 YaRN setting (it follows sft_tiny in experiments/pipeline_tiny.py).
 
 Command (after experiments/sft_tiny.py has run into runs/sft_tiny):
     python -m c2.main --config=experiments/sft_agent_tiny.py --workdir=runs/sft_agent_tiny
-Runtime: about 6 minutes on the 2-core reference machine (300 steps of 4 x 512 tokens, ~1.2 s
-each with other jobs on the cores); not yet timed inside the full main job.
-Expected (measured 2026-12-01 from a 150-step stage-1 model without YaRN): the format is learned
-within a few hundred steps (93% of temperature-1 episodes end in a well-formed write_file and
-submit), but the tiny model does not learn to read the instruction: on the full level, 1,000
-steps (held-out response bits per byte 0.25) pass 0/100 held-out episodes at temperature 1; on
-the basic level, response bits per byte settle at the entropy of a uniform guess among its six
-answers (0.016), and held-out pass@1 is 0.19 (best-of-4 0.56): chance, 1/6. BENCHMARKS.md ("RL
-stage") has what RL does from there.
+Runtime: about 6 minutes on the 2-core reference machine (300 steps of 4 x 512 tokens).
+Expected (measured 2026-12-01 to 12-03): the format is learned within a few hundred steps, but
+reading the instruction depends on the start and the data. On the basic level the tiny model
+never learns to read (teacher-forced, its operation does not change when the instruction's
+does; it fits the 720 conversations by tag and frame): held-out pass@1 0.19, chance. On the
+wide level, from a model that already copies from its context in the agent format (the chain
+in experiments/rl_tiny.py), it reads within a few hundred steps: held-out operation and digits
+right 78% / 99% teacher-forced after 300 steps (8 x 512), 95% / 98% after 400. From the
+stage-1 model alone (runs/cpt_tiny) 400 steps of the same leave both at chance: copying has to
+be taught first (experiments/sft_copy_tiny.py). BENCHMARKS.md ("RL stage") has the numbers.
 """
 
 from c2.train.config import stage_defaults
@@ -36,7 +38,7 @@ def get_config(arg=None):
     c.model.yarn.mscale = 1.0
     c.model.yarn.mscale_all_dim = 1.0
     c.data.kind = "sft"
-    c.data.corpus = "functions:basic"
+    c.data.corpus = "functions:wide"
     c.data.seq_len = 512
     c.data.batch_size = 4
     c.data.eval_batches = 8

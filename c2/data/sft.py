@@ -261,17 +261,23 @@ def load_sft_jsonl(
 FUNCTIONS_SEED = 0
 FUNCTIONS_COUNTS = {"train": 4000, "heldout": 256}
 BASIC_COUNTS = {"train": 720, "eval": 360}  # every distinct basic task of each split
+WIDE_COUNTS = {"train": 8000, "eval": 256}  # of ~35,640 distinct wide tasks per split
 
 
 def function_task_conversations(split: str = "train", level: str = "full") -> list[dict]:
     """{"messages", "path"} oracle conversations of generated function tasks: split "train" ->
     the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox.
-    level "basic": the basic level's tasks (c2/envs/functions.py)."""
+    level "basic": the basic level's tasks; "wide" (or "wide:N"): the wide level's first N
+    (default 8,000; held out: always the first 256) (c2/envs/functions.py)."""
     from c2.envs import functions  # the environments package, only for this spec
 
-    if level == "basic":
+    level, _, count = level.partition(":")
+    if count and (level != "wide" or not (count.isdigit() and int(count) > 0)):
+        raise ValueError(f"'functions:{level}:{count}': expected 'functions:wide:N' with N >= 1")
+    if level in ("basic", "wide"):
         s = "eval" if split in ("heldout", "eval") else "train"
-        n = BASIC_COUNTS[s]
+        n = (BASIC_COUNTS if level == "basic" else WIDE_COUNTS)[s]
+        n = int(count) if count and s == "train" else n  # held out: always the first 256
         tasks = functions.function_tasks(n, FUNCTIONS_SEED, s, level)
         return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
 
@@ -382,9 +388,10 @@ def load_sft_examples(
 ) -> Sequence[Mapping[str, str]]:
     """SFT examples from a spec.
 
-    "stdlib" or a directory: the functions of its `split`; "functions": oracle agent
-    conversations of generated function tasks (train or held-out templates); "notes...": the
-    notes tasks' oracle chains; "copy[:N]": copying examples (`copy_examples`); "recall[:N]":
+    "stdlib" or a directory: the functions of its `split`; "functions[:full|basic|wide[:N]]":
+    oracle agent conversations of generated function tasks of that level (train or held-out
+    templates); "notes...": the notes tasks' oracle chains; "copy[:N]": copying examples
+    (`copy_examples`); "recall[:N]":
     `key = value` lines recalled by key (`recall_examples`); either with ":agent" after the
     system prompt agent episodes begin with; a .jsonl of
     {"prompt", "response"} or {"messages"}: its `split` (2% held out); "A+B": the examples of
@@ -401,7 +408,9 @@ def load_sft_examples(
         return [e for part in parts for e in load_sft_examples(part, split)]
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
-    if spec in ("functions", "functions:full", "functions:basic"):
+    if spec in ("functions", "functions:full", "functions:basic") or spec.startswith(
+        "functions:wide"
+    ):
         return function_task_conversations(split, spec.partition(":")[2] or "full")
     if spec.partition(":")[0] == "notes":
         return notes_conversations(spec, split)
@@ -413,6 +422,6 @@ def load_sft_examples(
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions', 'notes[:full|fixed]', 'copy[:N][:agent]', 'recall[:N][:agent]' or a "
-        "mixture 'A+B'"
+        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed]', 'copy[:N][:agent]', "
+        "'recall[:N][:agent]' or a mixture 'A+B'"
     )

@@ -20,6 +20,12 @@ What is shared and what is not:
     never seen in training made the first design fail: a tiny model after a short SFT does not
     copy a name it has never emitted; see experiments/sft_agent_tiny.py.)
 
+Levels (LEVELS): "full" as above; "basic" (six answers: a policy that does not read passes by
+chance, ~1/6) and "wide" (the same form with constants 1-99). Agent SFT on basic's 720 tasks
+never taught the tiny model to read: it fitted them by their tags and frames, and its answer did
+not depend on the operation in the instruction. On wide tasks nothing but reading fits, and it
+learns to read within a few hundred steps (BENCHMARKS.md, "RL stage").
+
 Deterministic by seed: task i of (seed, split) is drawn from random.Random(f"functions:{seed}:
 {split}:{i}") (redrawn while its instruction repeats an earlier task's or is too long); the
 train split holds ~12,700 distinct instructions, the eval split ~6,600 (a single-epoch RL run
@@ -46,10 +52,14 @@ SPLITS = ("train", "eval")
 # "full": every operation, named and placed as the template says. "basic": f(n) in f.py, only
 # n + c, n - c, n * c with c in {2, 3} (6 answers), under a ticket tag that only makes prompts
 # distinct: a byte-level model that has not learnt to read the instruction passes by chance
-# (~1/6), so RL has a signal to teach reading from.
-LEVELS = ("full", "basic")
+# (~1/6), so RL has a signal to teach reading from. "wide": the basic level's form with constants
+# 1-99 (35,640 distinct instructions per split against basic's 720): SFT data in which only
+# reading the constant and the operation from the instruction fits, where basic's 720 tasks can
+# be fitted by remembering (tag, template) -> answer.
+LEVELS = ("full", "basic", "wide")
 BASIC_OPS = ("add", "sub", "mul")
 BASIC_CONSTS = (2, 3)
+WIDE_CONSTS = tuple(range(1, 100))
 BASIC_TAGS = ("api", "cli", "db", "ui", "docs", "auth", "cache", "core", "io", "net", "ops",
               "perf", "sync", "test", "web", "jobs", "mail", "log", "pay", "search")  # fmt: skip
 TEST_TIMEOUT_S = 10
@@ -186,11 +196,12 @@ def draw_task(
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: expected one of {LEVELS}")
     template = rng.choice(templates(split))
-    op_name = rng.choice(BASIC_OPS if level == "basic" else sorted(OPS))
+    op_name = rng.choice(BASIC_OPS if level in ("basic", "wide") else sorted(OPS))
     op = OPS[op_name]
     c = rng.choice(op.consts) if op.consts is not None else None
-    if level == "basic":  # one function name, file and argument: only the operation varies
-        arg, f, c = "n", "f", rng.choice(BASIC_CONSTS)
+    if level in ("basic", "wide"):  # one function name, file and argument: only the op varies
+        arg, f = "n", "f"
+        c = rng.choice(BASIC_CONSTS if level == "basic" else WIDE_CONSTS)
     else:
         arg = rng.choice(INT_ARGS if op.kind == "int" else STR_ARGS)
         f = _function_name(template, op, c, rng)
@@ -198,7 +209,7 @@ def draw_task(
     code = op.code.format(a=arg, c=c)
     spec = code if template.spelling == "code" else op.words.format(a=arg, c=c)
     instruction = template.frame.format(f=f, a=arg, file=file, spec=spec)
-    if level == "basic":
+    if level in ("basic", "wide"):
         instruction = f"[{rng.choice(BASIC_TAGS)}] {instruction}"
     source = f"def {f}({arg}):\n    return {code}\n"
     module = file.removesuffix(".py")
@@ -208,7 +219,8 @@ def draw_task(
     calls = [(x, namespace[f](x)) for x in xs]
     test_file = f"test_{module}.py"
     tests = {test_file: _tests_source(module, f, calls)}
-    task_id = f"{'fnb' if level == 'basic' else 'fn'}-{split}-s{seed}-{index:05d}"
+    prefix = {"full": "fn", "basic": "fnb", "wide": "fnw"}[level]
+    task_id = f"{prefix}-{split}-s{seed}-{index:05d}"
     metadata = {
         "task_id": task_id,
         "source": "functions",

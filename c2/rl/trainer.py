@@ -97,7 +97,7 @@ def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) ->
     path = Path(spec)
     if not path.is_dir():
         raise ConfigError(
-            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic]', "
+            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic|wide]', "
             "'notes[:full|fixed][:files[:note_chars]]' or a task directory"
         )
     tasks = load_tasks(path)

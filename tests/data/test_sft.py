@@ -310,6 +310,19 @@ def test_a_mixture_spec_holds_each_parts_examples():
         sft.load_sft_examples("copy:30+nope", "train")
 
 
+def test_functions_wide_spec_counts_train_tasks_and_holds_out_256():
+    train = sft.load_sft_examples("functions:wide:40", "train")
+    held = sft.load_sft_examples("functions:wide:40", "eval")
+    assert len(train) == 40 and len(held) == sft.WIDE_COUNTS["eval"] == 256
+    assert len(sft.load_sft_examples("functions:wide", "train")) == sft.WIDE_COUNTS["train"]
+    assert [e["path"] for e in train] == [f"fnw-train-s0-{i:05d}" for i in range(40)]
+    consts = {int(e["messages"][2]["content"].split("return n ")[1][2:4].strip("\\")) for e in held}
+    assert len(consts) > 50  # constants 1-99, not basic's 2 and 3
+    for bad in ("functions:wide:0", "functions:basic:5", "functions:wide:x"):
+        with pytest.raises(ValueError, match="functions"):
+            sft.load_sft_examples(bad)
+
+
 def test_recall_examples_answer_each_asked_key_with_its_value():
     train = sft.load_sft_examples("recall:300", "train")
     held = sft.load_sft_examples("recall:300", "eval")

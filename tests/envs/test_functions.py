@@ -80,6 +80,28 @@ def test_basic_level_varies_only_the_operation(tmp_path, sandbox):
         assert grade(task, ep.workspace, sandbox, ep).passed, task.instruction
 
 
+def test_wide_level_is_the_basic_form_with_constants_to_read(tmp_path, sandbox):
+    """The wide level: basic's function, file, argument, tags and templates, constants 1-99, so
+    no (tag, template) pair predicts the answer; the basic level's draws are unchanged by it."""
+    tr = fn.function_tasks(3000, 0, "train", "wide")
+    ev = fn.function_tasks(600, 0, "eval", "wide")
+    for tasks, split in ((tr, "train"), (ev, "eval")):
+        assert {(t.function, t.file, t.metadata["arg"]) for t in tasks} == {("f", "f.py", "n")}
+        assert {t.metadata["op"] for t in tasks} == set(fn.BASIC_OPS)
+        assert {t.metadata["const"] for t in tasks} == set(fn.WIDE_CONSTS)
+        assert {t.metadata["template"] for t in tasks} == {x.name for x in fn.templates(split)}
+        assert all(t.task_id.startswith(f"fnw-{split}-") for t in tasks)
+        assert all(re.match(r"^\[[a-z]+\] ", t.instruction) for t in tasks)
+    untagged = [{t.instruction.split("] ", 1)[1] for t in x} for x in (tr, ev)]
+    assert untagged[0].isdisjoint(untagged[1])
+    assert fn.function_tasks(2, 0, "train", "basic")[1].instruction == (
+        "[db] Create f.py with f(n) returning n * 3."
+    )
+    task = fn.generate_function_tasks(tmp_path / "w", 1, 0, "eval", "wide")[0]
+    ep = run_episode(task, ScriptedPolicy(fn.oracle_replies(task)), sandbox, tmp_path / "e")
+    assert grade(task, ep.workspace, sandbox, ep).passed, task.instruction
+
+
 def test_instructions_and_episodes_are_short():
     chat = AgentChat(ByteTokenizer())
     tasks = fn.function_tasks(400, 1, "train") + fn.function_tasks(200, 1, "eval")
