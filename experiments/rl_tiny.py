@@ -17,7 +17,8 @@ Command (after experiments/sft_agent_tiny.py has run into runs/sft_agent_tiny):
 Runtime: 13.4 minutes on the 2-core reference machine with nothing else running (36 steps at
 ~17 s, generation overlapping the updates; two held-out evaluations of 400 episodes).
 Measured (2026-12-03, BENCHMARKS.md "RL stage"): held-out pass@1 0.41 -> 0.63, **+0.22 [+0.16,
-+0.28]** (paired, 95%), best-of-4 0.75 -> 0.90, from a policy that partly reads its task. That
++0.28]** (paired, 95%), best-of-4 0.75 -> 0.90; a replicate (--config.rl.task_seed=3) +0.08
+[+0.01, +0.15], best-of-4 -0.02; from a policy that partly reads its task. That
 policy came from this chain (each a `python -m c2.main` run, ~3.5 hours on 2 cores in all;
 --config.model.yarn.factor=0. throughout, and for this stage):
   1. experiments/sft_copy_tiny.py from scratch with the `copy` spec as of commit 0076b40
