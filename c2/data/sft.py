@@ -272,6 +272,8 @@ def function_task_conversations(split: str = "train", level: str = "full") -> li
     from c2.envs import functions  # the environments package, only for this spec
 
     level, _, count = level.partition(":")
+    if level not in functions.LEVELS:
+        raise ValueError(f"'functions:{level}': the level is not one of {functions.LEVELS}")
     if count and (level != "wide" or not (count.isdigit() and int(count) > 0)):
         raise ValueError(f"'functions:{level}:{count}': expected 'functions:wide:N' with N >= 1")
     if level in ("basic", "wide"):
@@ -408,9 +410,7 @@ def load_sft_examples(
         return [e for part in parts for e in load_sft_examples(part, split)]
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
-    if spec in ("functions", "functions:full", "functions:basic") or spec.startswith(
-        "functions:wide"
-    ):
+    if spec.partition(":")[0] == "functions":
         return function_task_conversations(split, spec.partition(":")[2] or "full")
     if spec.partition(":")[0] == "notes":
         return notes_conversations(spec, split)

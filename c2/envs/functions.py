@@ -57,6 +57,7 @@ SPLITS = ("train", "eval")
 # reading the constant and the operation from the instruction fits, where basic's 720 tasks can
 # be fitted by remembering (tag, template) -> answer.
 LEVELS = ("full", "basic", "wide")
+FIXED_FORM_LEVELS = ("basic", "wide")  # f(n) in f.py under a tag; only the op and constant vary
 BASIC_OPS = ("add", "sub", "mul")
 BASIC_CONSTS = (2, 3)
 WIDE_CONSTS = tuple(range(1, 100))
@@ -196,10 +197,10 @@ def draw_task(
     if level not in LEVELS:
         raise ValueError(f"level={level!r}: expected one of {LEVELS}")
     template = rng.choice(templates(split))
-    op_name = rng.choice(BASIC_OPS if level in ("basic", "wide") else sorted(OPS))
+    op_name = rng.choice(BASIC_OPS if level in FIXED_FORM_LEVELS else sorted(OPS))
     op = OPS[op_name]
     c = rng.choice(op.consts) if op.consts is not None else None
-    if level in ("basic", "wide"):  # one function name, file and argument: only the op varies
+    if level in FIXED_FORM_LEVELS:
         arg, f = "n", "f"
         c = rng.choice(BASIC_CONSTS if level == "basic" else WIDE_CONSTS)
     else:
@@ -209,7 +210,7 @@ def draw_task(
     code = op.code.format(a=arg, c=c)
     spec = code if template.spelling == "code" else op.words.format(a=arg, c=c)
     instruction = template.frame.format(f=f, a=arg, file=file, spec=spec)
-    if level in ("basic", "wide"):
+    if level in FIXED_FORM_LEVELS:
         instruction = f"[{rng.choice(BASIC_TAGS)}] {instruction}"
     source = f"def {f}({arg}):\n    return {code}\n"
     module = file.removesuffix(".py")
