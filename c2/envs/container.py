@@ -110,6 +110,14 @@ class BaseRecipe:
 
 
 _UBUNTU = "http://archive.ubuntu.com/ubuntu"
+_UBUNTU_KEYRING = "/usr/share/keyrings/ubuntu-archive-keyring.gpg"
+# Where a missing keyring comes from. Debian 12's own archive has no ubuntu-keyring package; the
+# Ubuntu archive's .deb installs on Debian (its keys: 790BC727..., 843938DF..., F6ECB376...).
+KEYRING_HINTS = {
+    _UBUNTU_KEYRING: "on Debian: the ubuntu-keyring package, for example `curl -fO "
+    f"{_UBUNTU}/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb && "
+    "dpkg -i ubuntu-keyring_2023.11.28.1_all.deb`",
+}
 BASES = {
     "localhost/c2-base:bookworm": BaseRecipe("bookworm"),
     "localhost/c2-base:trixie": BaseRecipe("trixie"),
@@ -118,7 +126,7 @@ BASES = {
         mirror=_UBUNTU,
         security=_UBUNTU,
         components="main,universe",
-        keyring="/usr/share/keyrings/ubuntu-archive-keyring.gpg",
+        keyring=_UBUNTU_KEYRING,
     ),
     "localhost/c2-python:3.11-bookworm": BaseRecipe(
         parent="localhost/c2-base:bookworm", python="debian"
@@ -818,7 +826,9 @@ def build_base_image(tag: str, *, engine: str = "podman", log=print) -> None:
                     "mmdebstrap is not installed (Debian: apt-get install mmdebstrap)"
                 )
             if recipe.keyring and not os.path.isfile(recipe.keyring):
-                raise SandboxError(f"{tag}: the archive keyring {recipe.keyring} is missing")
+                hint = KEYRING_HINTS.get(recipe.keyring)
+                where = f" ({hint})" if hint else ""
+                raise SandboxError(f"{tag}: the archive keyring {recipe.keyring} is missing{where}")
             tar = Path(tmp) / "rootfs.tar"
             argv = ["mmdebstrap", "--variant=apt", "--include=ca-certificates"]
             argv += [f"--components={recipe.components}"]

@@ -55,6 +55,26 @@ def test_context_hash_follows_the_build_context(tmp_path):
     assert context_hash(tmp_path) != h1
 
 
+def test_missing_archive_keyring_is_named_with_where_to_get_it(tmp_path, monkeypatch):
+    """Debian has no Ubuntu keyring package: a base of Ubuntu's archive says which file is
+    missing and how to install it, before mmdebstrap runs."""
+    from c2.envs import container
+
+    keyring = str(tmp_path / "ubuntu-archive-keyring.gpg")
+    monkeypatch.setattr(container, "engine_command", lambda engine="podman": [engine])
+    monkeypatch.setattr(container.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setitem(
+        container.BASES, "localhost/t:noble", container.BaseRecipe("noble", keyring=keyring)
+    )
+    monkeypatch.setitem(container.KEYRING_HINTS, keyring, "install ubuntu-keyring")
+    with pytest.raises(container.SandboxError) as e:
+        container.build_base_image("localhost/t:noble")
+    assert str(e.value) == (
+        f"localhost/t:noble: the archive keyring {keyring} is missing (install ubuntu-keyring)"
+    )
+    assert container.BASES["localhost/c2-base:noble"].keyring in container.KEYRING_HINTS
+
+
 def test_container_metadata_is_checked():
     meta = {
         "task_id": "t",
