@@ -43,6 +43,9 @@ built from Debian's python3.13 source, verified by apt; or the release's own pyt
 python:3.13-slim-bookworm image is Debian 12 with that CPython in /usr/local and ensurepip's pip
 (as the official image); python:3.11 / 3.10 are Debian 12's python3 (3.11) with pip and venv as
 /usr/local/bin/python; debian:bullseye-slim maps onto Debian 12 (the nearest base built here).
+An image a build copies tools from is made locally too (`tool_image`): `COPY
+--from=ghcr.io/astral-sh/uv:X` takes /uv and /uvx from localhost/c2-uv:X, built from uv X's PyPI
+wheel (the same static binaries as the release image).
 On this kind of machine podman needs the runc runtime (crun refuses hybrid cgroups) and rlimits
 no higher than the caller's own. Background processes a command leaves (without a timeout)
 keep running in the episode's container, as in Harbor; the bubblewrap backend ends them.
@@ -161,6 +164,18 @@ BASE_IMAGES = {
     "ubuntu:noble": "localhost/c2-base:noble",
 }
 UV_VERSION = "0.9.5"
+# Images that Dockerfiles copy tools from (`COPY --from=IMAGE /uv /uvx /bin/`), made here where no
+# registry is reachable: uv's release images hold only /uv and /uvx, the static binaries that its
+# PyPI wheel of the same version carries.
+_UV_IMAGE = re.compile(r"(?:ghcr\.io/astral-sh/uv|(?:docker\.io/)?astral/uv):(\d+\.\d+\.\d+)")
+
+
+def tool_image(image: str) -> str | None:
+    """The local image that stands in for `image` in a `COPY --from`, or None where none does."""
+    m = _UV_IMAGE.fullmatch(image)
+    return f"localhost/c2-uv:{m.group(1)}" if m else None
+
+
 _UV_ENV = (  # the uv installer's ~/.local/bin/env
     'case ":${PATH}:" in *:"$HOME/.local/bin":*) ;; '
     '*) export PATH="$HOME/.local/bin:$PATH" ;; esac\n'
@@ -559,14 +574,39 @@ def from_images(dockerfile: str) -> list[str]:
 
 
 def map_from_lines(dockerfile: str, bases: dict[str, str] | None = None) -> str:
-    """The Dockerfile with each FROM image that has a local base replaced by it."""
+    """The Dockerfile with each FROM image that has a local base replaced by it, and each image
+    a `COPY --from` names that has a local stand-in (`tool_image`) replaced by that."""
     bases = BASE_IMAGES if bases is None else bases
 
     def sub(m):
         image = m.group(2)
         return m.group(1) + bases.get(image, image)
 
-    return re.sub(r"(?im)^(\s*FROM\s+(?:--\S+\s+)*)(\S+)", sub, dockerfile)
+    def sub_copy(m):
+        return m.group(1) + (tool_image(m.group(2)) or m.group(2))
+
+    text = re.sub(r"(?im)^(\s*FROM\s+(?:--\S+\s+)*)(\S+)", sub, dockerfile)
+    return re.sub(r"(?im)^(\s*COPY\s+(?:--\S+\s+)*?--from=)(\S+)", sub_copy, text)
+
+
+def ensure_tool_images(dockerfile: str, engine: str = "podman") -> None:
+    """Build the local tool images (`tool_image`) that the mapped `dockerfile` copies from."""
+    for version in sorted(set(re.findall(r"--from=localhost/c2-uv:(\S+)", dockerfile))):
+        tag = f"localhost/c2-uv:{version}"
+        if image_exists(tag, engine):
+            continue
+        with tempfile.TemporaryDirectory(prefix="c2-uv-") as tmp:
+            try:
+                _uv_binaries(Path(tmp), version)
+            except subprocess.CalledProcessError as e:
+                raise SandboxError(
+                    f"{tag}: uv {version} could not be downloaded from the package index: "
+                    f"{(e.stderr or b'').decode(errors='replace').strip()[-300:]}"
+                ) from None
+            (Path(tmp) / "Dockerfile").write_text("FROM scratch\nCOPY uv uvx /\n")
+            r = build_image(tmp, tag, engine=engine, bases={}, timeout_s=600)
+        if r.returncode != 0:
+            raise SandboxError(f"building {tag} failed: {_build_error(r)}")
 
 
 def context_hash(
@@ -610,6 +650,7 @@ def build_image(
     past `timeout_s` returns code 124 with what it printed so far."""
     context = Path(context)
     text = map_from_lines((context / dockerfile).read_text(), bases)
+    ensure_tool_images(text, engine)
     with tempfile.NamedTemporaryFile("w", suffix=".Dockerfile", delete=False) as f:
         f.write(text)
     ul = _ulimits(SandboxLimits(max_open_files=4096, max_processes=1024))
@@ -690,11 +731,11 @@ def _host_ca_certs() -> list[Path]:
     return sorted(d.rglob("*.crt")) if d.is_dir() else []
 
 
-def _uv_binaries(dest: Path) -> None:
-    """uv and uvx of UV_VERSION from PyPI (the wheel holds the static binaries)."""
+def _uv_binaries(dest: Path, version: str = UV_VERSION) -> None:
+    """uv and uvx of `version` from PyPI (the wheel holds the static binaries)."""
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", f"uv=={UV_VERSION}", "--no-deps"]
+            [sys.executable, "-m", "pip", "download", f"uv=={version}", "--no-deps"]
             + ["--only-binary=:all:", "--platform", "manylinux_2_17_x86_64", "-d", tmp],
             check=True,
             capture_output=True,
@@ -703,7 +744,7 @@ def _uv_binaries(dest: Path) -> None:
         with zipfile.ZipFile(wheel) as z:
             for name in ("uv", "uvx"):
                 target = dest / name
-                target.write_bytes(z.read(f"uv-{UV_VERSION}.data/scripts/{name}"))
+                target.write_bytes(z.read(f"uv-{version}.data/scripts/{name}"))
                 target.chmod(0o755)
 
 

@@ -45,6 +45,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from c2.envs.sandbox import SandboxError
 from c2.envs.tasks import Task, load_task, write_task
 
 IMPORTER_VERSION = 2
@@ -770,9 +771,12 @@ def import_container(
     timeout = build_timeout_s or build_timeout_scale * task_limits(config)["build_timeout_s"]
     logs = out_dir / "build-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    tag, built = ensure_image(
-        env_dir, repo=repo, engine=engine, timeout_s=timeout, log=logs / f"{task_id}.log"
-    )
+    try:
+        tag, built = ensure_image(
+            env_dir, repo=repo, engine=engine, timeout_s=timeout, log=logs / f"{task_id}.log"
+        )
+    except SandboxError as e:  # an image the build copies from could not be made here
+        raise UnsupportedTask("image-build-failed", str(e)) from None
     if built is not None and built.returncode != 0:
         from c2.envs.container import _build_error
 

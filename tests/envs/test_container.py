@@ -17,12 +17,15 @@ import pytest
 from c2.envs.agents import noop_policy, oracle_policy
 from c2.envs.container import (
     BASE_IMAGES,
+    UV_VERSION,
     ContainerSandbox,
+    build_image,
     context_hash,
     engine_available,
     from_images,
     image_exists,
     map_from_lines,
+    tool_image,
 )
 from c2.envs.evaluate import evaluate
 from c2.envs.harbor_bench import with_backend
@@ -38,6 +41,29 @@ def test_from_lines_map_onto_local_bases():
     text = "FROM python:3.13-slim-bookworm\nRUN x\nFROM --platform=linux/amd64 ubuntu:24.04 AS b\n"
     out = map_from_lines(text, {"python:3.13-slim-bookworm": MIN_BASE, "ubuntu:24.04": "u"})
     assert out.splitlines() == [f"FROM {MIN_BASE}", "RUN x", "FROM --platform=linux/amd64 u AS b"]
+
+
+def test_copy_from_uv_images_map_onto_local_stand_ins():
+    """uv's release images (COPY --from=ghcr.io/astral-sh/uv:X /uv /uvx /bin/) become local
+    images of the same version; stages and other images are left alone."""
+    assert tool_image("ghcr.io/astral-sh/uv:0.8.14") == "localhost/c2-uv:0.8.14"
+    assert tool_image("astral/uv:0.9.5") == "localhost/c2-uv:0.9.5"
+    for other in ("ghcr.io/astral-sh/uv:latest", "ghcr.io/astral-sh/uv:0.8.14-bookworm", "build"):
+        assert tool_image(other) is None
+    text = (
+        "FROM ubuntu:24.04 as build\n"
+        "COPY --from=ghcr.io/astral-sh/uv:0.8.14 /uv /uvx /bin/\n"
+        "COPY --chown=1 --from=ghcr.io/astral-sh/uv:0.8.15 /uv /bin/\n"
+        "COPY --from=build /app /app\n"
+        "COPY --from=ghcr.io/other/tool:1 /t /t\n"
+    )
+    assert map_from_lines(text, {}).splitlines() == [
+        "FROM ubuntu:24.04 as build",
+        "COPY --from=localhost/c2-uv:0.8.14 /uv /uvx /bin/",
+        "COPY --chown=1 --from=localhost/c2-uv:0.8.15 /uv /bin/",
+        "COPY --from=build /app /app",
+        "COPY --from=ghcr.io/other/tool:1 /t /t",
+    ]
 
 
 def test_from_images_skips_stage_names():
@@ -158,6 +184,32 @@ def _harbor_task(root, solve=SOLVE_SH):
     (root / "tests" / "test.sh").write_text(TEST_SH)
     (root / "solution" / "solve.sh").write_text(solve)
     return root
+
+
+@needs_engine
+def test_a_build_copies_uv_from_its_local_stand_in(tmp_path):
+    """The image a `COPY --from=ghcr.io/astral-sh/uv:X` names is made from uv X's PyPI wheel:
+    the build works with no registry and runs that very version."""
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {BASE}\nCOPY --from=ghcr.io/astral-sh/uv:{UV_VERSION} /uv /uvx /bin/\n"
+        "RUN /bin/uv --version && /bin/uvx --version\n"
+    )
+    tag = "localhost/c2-test/uv-copy:1"
+    r = build_image(tmp_path, tag, bases={})
+    subprocess.run(["podman", "rmi", "-f", tag], capture_output=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"\nuv {UV_VERSION}" in r.stdout and f"\nuvx {UV_VERSION}" in r.stdout, r.stdout
+
+
+@needs_engine
+def test_a_uv_version_the_index_lacks_refuses_the_import_naming_it(tmp_path, local_base):
+    src = _harbor_task(tmp_path / "src" / "tiny")
+    dockerfile = src / "environment" / "Dockerfile"
+    dockerfile.write_text(DOCKERFILE + "COPY --from=ghcr.io/astral-sh/uv:0.0.999 /uv /uvx /bin/\n")
+    (o,) = import_harbor_tasks([src], tmp_path / "tasks", backend="podman", log=lambda _: None)
+    assert (o.status, o.reason) == ("refused", "image-build-failed")
+    assert "localhost/c2-uv:0.0.999: uv 0.0.999 could not be downloaded" in o.detail
+    assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["build-logs"]
 
 
 @needs_engine
