@@ -688,13 +688,32 @@ def ensure_image(
     timeout_s: float = 1800,
     log: str | os.PathLike | None = None,
 ) -> tuple[str, subprocess.CompletedProcess | None]:
-    """(tag, build result or None when cached): `repo:<content hash>`, built if missing."""
+    """(tag, build result or None when cached): `repo:<content hash>`, built if missing. A build
+    that fails on a transient network error (a read that timed out, a name that did not
+    resolve, a reset connection) is run once more: the steps it finished are cached, so the
+    second run starts at the failed one."""
     tag = f"{repo}:{context_hash(context, dockerfile=dockerfile, engine=engine)}"
     if image_exists(tag, engine):
         return tag, None
-    return tag, build_image(
-        context, tag, engine=engine, timeout_s=timeout_s, dockerfile=dockerfile, log=log
-    )
+    for _ in range(2):
+        r = build_image(
+            context, tag, engine=engine, timeout_s=timeout_s, dockerfile=dockerfile, log=log
+        )
+        if r.returncode in (0, 124) or not transient_network_error(r.stdout + r.stderr):
+            break
+    return tag, r
+
+
+_TRANSIENT = re.compile(
+    r"Read timed out|Temporary failure in name resolution|Connection reset by peer|"
+    r"IncompleteRead|operation timed out|error sending request"
+)
+
+
+def transient_network_error(output: str) -> bool:
+    """Whether a failed build's output shows a network error that may pass (the last 3,000
+    characters, where the failing step's error is)."""
+    return _TRANSIENT.search(output[-3000:]) is not None
 
 
 def copy_out_of_image(image: str, path: str, dest: str | os.PathLike, engine: str = "podman"):

@@ -26,6 +26,7 @@ from c2.envs.container import (
     image_exists,
     map_from_lines,
     tool_image,
+    transient_network_error,
 )
 from c2.envs.evaluate import evaluate
 from c2.envs.harbor_bench import with_backend
@@ -64,6 +65,21 @@ def test_copy_from_uv_images_map_onto_local_stand_ins():
         "COPY --from=build /app /app",
         "COPY --from=ghcr.io/other/tool:1 /t /t",
     ]
+
+
+def test_transient_network_errors_are_told_from_lasting_ones():
+    assert transient_network_error(
+        "RUN pip install mteb\n...\npip._vendor.urllib3.exceptions.ReadTimeoutError: "
+        "HTTPSConnectionPool(host='files.pythonhosted.org', port=443): Read timed out.\n"
+    )
+    assert transient_network_error(
+        "socket.gaierror: [Errno -3] Temporary failure in name resolution"
+    )
+    assert not transient_network_error(
+        "RUN git clone https://github.com/x/y\nfatal: unable to access: Could not resolve host"
+    )
+    assert not transient_network_error("ERROR: No matching distribution found for nosuchpkg")
+    assert not transient_network_error("Read timed out\n" + "x" * 4000)  # not the failing step
 
 
 def test_from_images_skips_stage_names():
