@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 WORKDIR ?= runs/main
 
-.PHONY: setup system-deps run test lint bench
+.PHONY: setup system-deps container-deps run test lint bench
 
 # System packages: bubblewrap isolates the agent sandboxes (c2/envs/sandbox.py).
 system-deps:
@@ -12,6 +12,16 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 	  else echo "note: bubblewrap missing and cannot be installed here; sandboxes use a weaker fallback"; fi; }
+
+# The container backend (c2/envs/container.py; not needed otherwise): podman with the runc runtime,
+# and mmdebstrap for local base images where no registry is reachable.
+container-deps:
+	@command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 \
+	  && command -v mmdebstrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      podman runc mmdebstrap >/dev/null; \
+	  else echo "note: podman, runc or mmdebstrap missing and cannot be installed here"; exit 1; fi; }
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
