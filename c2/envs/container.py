@@ -18,8 +18,11 @@ task's memory, cpus and process limits; every later command over the same worksp
 filesystem, inside and outside the workspace (packages the solution installs, files it writes
 to /usr/local or /tmp, services it leaves running), as they do in Harbor. The workspace is the
 image's working directory, copied out at import (task/workspace/), so the file tools read and
-edit it on the host. `binds` (grading's /tests and /logs) are copied into the running container
-before the command and writable ones copied back after it. Each command runs under coreutils
+edit it on the host. One difference from Harbor follows: the workspace is a mount of its own,
+so `rename` between it and the rest of the container's filesystem fails with EXDEV (in Harbor
+both are the image's filesystem; Terminal-Bench 2's path-tracing-reverse tests do this).
+`binds` (grading's /tests and /logs) are copied into the running container before the command
+and writable ones copied back after it. Each command runs under coreutils
 `timeout` (its whole process group is stopped at the wall-time limit; the host also gives up a
 few seconds later), output is capped at max_output_bytes, a SIGKILL nobody sent is the memory
 limit, and the workspace is measured against max_workspace_mb: the same SandboxResult fields
