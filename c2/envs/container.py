@@ -171,12 +171,13 @@ UV_VERSION = "0.9.5"
 # registry is reachable: uv's release images hold only /uv and /uvx, the static binaries that its
 # PyPI wheel of the same version carries.
 _UV_IMAGE = re.compile(r"(?:ghcr\.io/astral-sh/uv|(?:docker\.io/)?astral/uv):(\d+\.\d+\.\d+)")
+UV_TOOL_REPO = "localhost/c2-uv"
 
 
 def tool_image(image: str) -> str | None:
     """The local image that stands in for `image` in a `COPY --from`, or None where none does."""
     m = _UV_IMAGE.fullmatch(image)
-    return f"localhost/c2-uv:{m.group(1)}" if m else None
+    return f"{UV_TOOL_REPO}:{m.group(1)}" if m else None
 
 
 _UV_ENV = (  # the uv installer's ~/.local/bin/env
@@ -594,8 +595,8 @@ def map_from_lines(dockerfile: str, bases: dict[str, str] | None = None) -> str:
 
 def ensure_tool_images(dockerfile: str, engine: str = "podman") -> None:
     """Build the local tool images (`tool_image`) that the mapped `dockerfile` copies from."""
-    for version in sorted(set(re.findall(r"--from=localhost/c2-uv:(\S+)", dockerfile))):
-        tag = f"localhost/c2-uv:{version}"
+    for version in sorted(set(re.findall(rf"--from={re.escape(UV_TOOL_REPO)}:(\S+)", dockerfile))):
+        tag = f"{UV_TOOL_REPO}:{version}"
         if image_exists(tag, engine):
             continue
         with tempfile.TemporaryDirectory(prefix="c2-uv-") as tmp:
