@@ -23,8 +23,13 @@ def _loss_and_grads(c, p, toks, routing=None):
     return jax.jit(jax.value_and_grad(loss, has_aux=True))(p)
 
 
+# Every kind of layer once or twice (interpret-mode kernels compile per layer, and the CPU unrolls
+# the layers): Kimi-K2 1 dense + 2 MoE layers + its MTP block, Qwen3 2 MoE layers.
+LAYERS = {"tiny_kimi_k2": 3, "tiny_qwen3_moe": 2}
+
+
 def _setup(name, **kw):
-    c = model.presets.get(name, dtype="float32", **kw)
+    c = model.presets.get(name, dtype="float32", n_layers=LAYERS[name], **kw)
     p = model.init_params(c, jax.random.key(0))
     toks = jax.random.randint(jax.random.key(1), (2, 24), 0, c.vocab_size, jnp.int32)
     return c, p, toks
