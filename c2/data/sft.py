@@ -313,40 +313,54 @@ COPY_ALPHABET = string.ascii_letters + string.digits
 
 
 def copy_examples(spec: str, split: str = "train") -> list[dict[str, str]]:
-    """ "copy[:N]": N (default COPY_COUNTS[split]) examples whose response repeats the prompt's
-    1-4 random alphanumeric strings of 4-12 characters in a shuffled order: the loss falls only
-    by copying from the context, the prerequisite for a policy that conditions on its task
-    (c2.eval.copying probes it). The order is shuffled so that the copy has to find each string
-    by its content (an induction head), not at the same offset from the prompt's start: with
-    the prompt repeated verbatim the tiny model learnt the offset (83% of the characters after
-    each string's first right in order, 8% with the strings reversed, the probe at chance).
-    Each example is drawn from its own seeded generator, so a split never changes."""
+    """ "copy[:N][:ordered]": N (default COPY_COUNTS[split]) examples whose response repeats the
+    prompt's 1-4 random alphanumeric strings of 4-12 characters in a shuffled order: the loss
+    falls only by copying from the context, the prerequisite for a policy that conditions on its
+    task (c2.eval.copying probes it). The order is shuffled so that the copy has to find each
+    string by its content (an induction head), not at the same offset from the prompt's start:
+    with the prompt repeated verbatim the tiny model learnt the offset (83% of the characters
+    after each string's first right in order, 8% with the strings reversed, the probe at
+    chance). ":ordered" repeats the strings in the prompt's order (the same strings): the
+    easier task, which leaves the from-scratch loss plateau sooner, and the first stage of the
+    chain in experiments/sft_copy_tiny.py. Each example is drawn from its own seeded generator,
+    so a split never changes."""
 
-    def draw(rng: random.Random) -> tuple[str, str]:
+    def draw(rng: random.Random, ordered: bool) -> tuple[str, str]:
         words = [
             "".join(rng.choice(COPY_ALPHABET) for _ in range(rng.randint(4, 12)))
             for _ in range(rng.randint(1, 4))
         ]
-        return " ".join(words), " ".join(rng.sample(words, len(words)))
+        said = rng.sample(words, len(words))  # drawn either way: the same strings per example
+        return " ".join(words), " ".join(words if ordered else said)
 
-    return _seeded_examples(spec, split, draw)
+    return _seeded_examples(spec, split, draw, flags=("ordered",))
 
 
-def _seeded_examples(spec: str, split: str, draw) -> list[dict[str, str]]:
-    """ "NAME[:N][:agent]": N (default COPY_COUNTS[split]) {"prompt", "response", "path"}
-    examples, the i-th from `draw(random.Random("NAME:split:i"))`, so a split never changes.
+def _seeded_examples(
+    spec: str, split: str, draw, flags: tuple[str, ...] = ()
+) -> list[dict[str, str]]:
+    """ "NAME[:N][:FLAG...][:agent]": N (default COPY_COUNTS[split]) {"prompt", "response",
+    "path"} examples, the i-th from `draw(random.Random("NAME:split:i"), **{flag: bool})`, so a
+    split never changes. `flags` are the spec's own options (given in that order).
     ":agent" puts the agent's system prompt (`compact_system_prompt`, ~175 bytes) before each
     prompt, as every agent episode has it: a copy learnt in short contexts alone does not carry
     over to one that begins with it (BENCHMARKS.md, issue 16: recalled values 62% alone, 0-3%
     behind a system turn)."""
     name, *options = spec.split(":")
-    agent = options[-1:] == ["agent"]
-    count = options[0] if options and options[0] != "agent" else ""
-    if len(options) > 1 + agent or (count and not (count.isdigit() and int(count) > 0)):
+    known = (*flags, "agent")
+    count = options[0] if options and options[0] not in known else ""
+    given = options[1:] if count else options
+    if (count and not (count.isdigit() and int(count) > 0)) or given != [
+        f for f in known if f in given
+    ]:
+        extra = "".join(f"[:{f}]" for f in flags)
         raise ValueError(
             f"SFT spec {spec!r}: expected '{name}', '{name}:N' with N >= 1, "
             f"'{name}:agent' or '{name}:N:agent'"
+            + (f" (in full '{name}[:N]{extra}[:agent]')" if flags else "")
         )
+    agent = "agent" in given
+    options_given = {f: f in given for f in flags}
     system = {}
     if agent:
         from c2.envs.episode import compact_system_prompt  # the environments package, only here
@@ -355,7 +369,7 @@ def _seeded_examples(spec: str, split: str, draw) -> list[dict[str, str]]:
     s = "eval" if split in ("heldout", "eval") else "train"
     out = []
     for i in range(int(count) if count else COPY_COUNTS[s]):
-        prompt, response = draw(random.Random(f"{name}:{s}:{i}"))
+        prompt, response = draw(random.Random(f"{name}:{s}:{i}"), **options_given)
         out.append({"prompt": prompt, "response": response, **system, "path": f"{name}/{s}/{i}"})
     return out
 
@@ -392,7 +406,7 @@ def load_sft_examples(
 
     "stdlib" or a directory: the functions of its `split`; "functions[:full|basic|wide[:N]]":
     oracle agent conversations of generated function tasks of that level (train or held-out
-    templates); "notes...": the notes tasks' oracle chains; "copy[:N]": copying examples
+    templates); "notes...": the notes tasks' oracle chains; "copy[:N][:ordered]": copying examples
     (`copy_examples`); "recall[:N]":
     `key = value` lines recalled by key (`recall_examples`); either with ":agent" after the
     system prompt agent episodes begin with; a .jsonl of
@@ -422,6 +436,6 @@ def load_sft_examples(
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed]', 'copy[:N][:agent]', "
+        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed]', 'copy[:N][:ordered][:agent]', "
         "'recall[:N][:agent]' or a mixture 'A+B'"
     )

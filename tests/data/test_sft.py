@@ -297,6 +297,16 @@ def test_copy_examples_repeat_the_prompts_strings_deterministically_with_disjoin
     assert len(sft.load_sft_examples("copy", "eval")) == sft.COPY_COUNTS["eval"]
     with pytest.raises(ValueError, match="'copy:N' with N >= 1"):
         sft.load_sft_examples("copy:0")
+    # ":ordered": the same strings, said in the prompt's order.
+    ordered = sft.load_sft_examples("copy:200:ordered", "train")
+    assert [e["prompt"] for e in ordered] == [e["prompt"] for e in train]
+    assert all(e["response"] == e["prompt"] for e in ordered)
+    agent = sft.load_sft_examples("copy:200:ordered:agent", "train")
+    assert [e["response"] for e in agent] == [e["response"] for e in ordered]
+    assert all(e["system"] for e in agent)
+    for bad in ("copy:3:agent:ordered", "copy:ordered:ordered", "recall:3:ordered"):
+        with pytest.raises(ValueError, match="N:agent"):
+            sft.load_sft_examples(bad)
 
 
 def test_a_mixture_spec_holds_each_parts_examples():
