@@ -10,6 +10,7 @@ not scores near chance (1/62 for the alphabet here), whatever its loss on ordina
     python -m c2.eval.copying --policy runs/main/sft [--gaps 0,200,600] [--strings 16]
         [--length 40] [--seed 0] [--chat [--chat_prompts 48]]
         [--recall [--recall_prompts 48] [--recall_system 0,all]]
+        [--task wide|basic [--task_prompts 40]]
 
 Prints one line per gap and, with --out, writes {"policy", "gaps": {gap: accuracy}, ...}.
 
@@ -25,6 +26,10 @@ scored on the recalled values' tokens and on the keys' tokens after their first;
 0,40,all` puts that many characters of the agent system prompt before each prompt (a system turn,
 as in `recall:N:agent`). The tiny model trained on recall without one gets 62% of the values
 right with none and 0-3% behind any (BENCHMARKS.md, issue 16): the copy is tied to its context.
+`--task wide` adds what the agent policy copies from a generated function task's instruction
+(`task_reading_accuracy`): teacher-forced on held-out oracle conversations, the operation and
+the constant's digits of its `return n <op> <c>`; the quick read of whether agent SFT has taught
+the policy to read its task (the RL stage's start needs it: experiments/rl_tiny.py).
 Runtime: seconds for the tiny models.
 """
 
@@ -172,6 +177,55 @@ def recall_accuracy(
     return {name: hits[name] / total[name] for name in hits}
 
 
+def task_reading_accuracy(
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    tokenizer,
+    level: str = "wide",
+    prompts: int = 40,
+) -> dict[str, float]:
+    """{"operation", "constant", "both"}: what the agent policy copies from a generated function
+    task's instruction, teacher-forced on the first `prompts` held-out oracle conversations of
+    that level ("basic" or "wide": "... it gives back n - 62."), rendered as RL plays them: the
+    argmax accuracy on the operation character after `return n ` in the first reply, on the
+    constant's digits, and the share of conversations with all of them right. A policy that does
+    not read its task scores chance on the held-out templates (wide: 1/3 and ~1/10 a digit)."""
+    import re
+
+    from c2.data import sft
+    from c2.data.chat import AgentChat
+
+    if level not in ("basic", "wide"):
+        raise ValueError(f"level={level!r}: expected 'basic' or 'wide'")
+    examples = sft.function_task_conversations("eval", level)
+    if not 1 <= prompts <= len(examples):
+        raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
+    head = list(tokenizer.encode("return n "))
+    hits = {"operation": 0, "constant": 0, "both": 0}
+    total = {"operation": 0, "constant": 0, "both": 0}
+    for e in examples[:prompts]:
+        ids, mask = AgentChat(tokenizer).conversation(e["messages"])
+        reply = next(m["content"] for m in e["messages"] if m["role"] == "assistant")
+        op, const = re.search(r"return n (\S) (\d+)", reply).groups()
+        answer = list(tokenizer.encode(f"{op} {const}"))
+        if len(answer) != len(op) + 1 + len(const):
+            raise ValueError("task_reading_accuracy needs a tokenizer with a token per character")
+        first = int(np.flatnonzero(mask)[0])  # the first reply's first token
+        at = next(
+            i + len(head)
+            for i in range(first, len(ids) - len(head))
+            if list(ids[i : i + len(head)]) == head
+        )
+        pred = np.asarray(logits_fn(ids))[at - 1 : at - 1 + len(answer)].argmax(-1)
+        right = pred == np.asarray(ids[at : at + len(answer)])
+        hits["operation"] += int(right[0])
+        hits["constant"] += int(right[2:].sum())
+        hits["both"] += int(right[0] and right[2:].all())
+        total["operation"] += 1
+        total["constant"] += len(const)
+        total["both"] += 1
+    return {name: hits[name] / total[name] for name in hits}
+
+
 def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
     """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
     so a few lengths compile)."""
@@ -206,6 +260,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         default="0,all",
         help="characters of the agent system prompt before each recall prompt ('all': all)",
     )
+    p.add_argument(
+        "--task",
+        default=None,
+        choices=("basic", "wide"),
+        help="also what the policy copies from a function task's instruction, at this level",
+    )
+    p.add_argument("--task_prompts", type=int, default=40)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     recall_system = args.recall_system.split(",")
@@ -248,6 +309,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
                 f"prompt: values {r['values']:.3f}, keys after their first {r['keys']:.3f}"
             )
             result["recall"][str(n)] = r
+    if args.task:
+        r = task_reading_accuracy(logits_fn, loaded.tokenizer, args.task, args.task_prompts)
+        print(
+            f"{args.policy}: {args.task} function tasks, held out, teacher-forced: operation "
+            f"{r['operation']:.3f}, constant's digits {r['constant']:.3f}, both {r['both']:.3f}"
+        )
+        result["task"] = {"level": args.task, **r}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

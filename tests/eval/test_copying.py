@@ -142,3 +142,42 @@ def test_a_bad_recall_system_list_is_named_before_the_model_loads(capsys):
     with pytest.raises(SystemExit):
         copying.main(["--policy", "no/such/dir", "--recall", "--recall_system", "0,x"])
     assert "--recall_system: 'x' is not a count" in capsys.readouterr().err
+
+
+def answering(answer) -> callable:
+    """A logits function that writes `answer(instruction)` after the reply's `return n ` and is
+    a unigram elsewhere (byte ids; the specials lie above 255)."""
+
+    def logits(ids: np.ndarray) -> np.ndarray:
+        out = unigram(ids)
+        text = bytes(int(i) if i < 256 else ord("|") for i in ids).decode()
+        head = text.index("    return n ") + len("    return n ") - 1  # the code's, not the task's
+        written = answer(text)
+        for k, ch in enumerate(written):
+            out[head + k] = 0.0
+            out[head + k, ord(ch)] = 1.0
+        return out
+
+    return logits
+
+
+def read_instruction(text: str) -> str:
+    """Reads `n <op word or symbol> <constant>.` from the task, as a reading policy would."""
+    import re
+
+    op, const = re.search(r"n (\S+) (\d+)\.\n", text).groups()
+    return f"{ {'times': '*', 'plus': '+', 'minus': '-'}.get(op, op) } {const}"
+
+
+def test_the_task_probe_scores_reading_the_instruction_not_a_fixed_answer():
+    from c2.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+    reader = copying.task_reading_accuracy(answering(read_instruction), tok, "wide", prompts=40)
+    assert reader == {"operation": 1.0, "constant": 1.0, "both": 1.0}
+    guess = copying.task_reading_accuracy(answering(lambda _: "* 47"), tok, "wide", prompts=40)
+    assert 0.1 < guess["operation"] < 0.6 and guess["constant"] < 0.3 and guess["both"] < 0.1
+    with pytest.raises(ValueError, match="level='full'"):
+        copying.task_reading_accuracy(unigram, tok, "full")
+    with pytest.raises(ValueError, match="prompts=0"):
+        copying.task_reading_accuracy(unigram, tok, "wide", prompts=0)
