@@ -185,9 +185,10 @@ def task_reading_accuracy(
 ) -> dict[str, float]:
     """{"operation", "constant", "both"}: what the agent policy copies from a generated function
     task's instruction, teacher-forced on the first `prompts` held-out oracle conversations of
-    that level ("basic" or "wide": "... it gives back n - 62."), rendered as RL plays them: the
-    argmax accuracy on the operation character after `return n ` in the first reply, on the
-    constant's digits, and the share of conversations with all of them right. A policy that does
+    that level ("basic" or "wide": "... it gives back n - 62.", "... return n times 40."),
+    rendered as RL plays them: the argmax accuracy on the operation character after `return n `
+    in the first reply (copied, or translated from a word), on the constant's digits, and the
+    share of conversations with all of them right. A policy that does
     not read its task scores chance on the held-out templates (wide: 1/3 and ~1/10 a digit)."""
     import re
 

@@ -144,9 +144,9 @@ def test_a_bad_recall_system_list_is_named_before_the_model_loads(capsys):
     assert "--recall_system: 'x' is not a count" in capsys.readouterr().err
 
 
-def answering(answer) -> callable:
-    """A logits function that writes `answer(instruction)` after the reply's `return n ` and is
-    a unigram elsewhere (byte ids; the specials lie above 255)."""
+def answering(answer):
+    """A logits function that writes `answer(the conversation's text)` after the reply's
+    `return n ` and is a unigram elsewhere (byte ids; the specials lie above 255)."""
 
     def logits(ids: np.ndarray) -> np.ndarray:
         out = unigram(ids)
