@@ -21,9 +21,9 @@ Measured (2026-12-03, BENCHMARKS.md "RL stage"): held-out pass@1 0.41 -> 0.63, *
 [+0.01, +0.15], best-of-4 -0.02; from a policy that partly reads its task. That
 policy came from this chain (each a `python -m c2.main` run, ~3.5 hours on 2 cores in all;
 --config.model.yarn.factor=0. throughout, and for this stage):
-  1. experiments/sft_copy_tiny.py from scratch with the `copy` spec as of commit 0076b40
-     (strings repeated in order), 1,790 steps (its schedule: BENCHMARKS.md, issue 16): it
-     learns to copy, by offset;
+  1. experiments/sft_copy_tiny.py from scratch, --config.data.corpus=copy:ordered (strings
+     repeated in order), 1,790 steps (its schedule: BENCHMARKS.md, issue 16; 1,500 steps of one
+     cosine leave the plateau too): it learns to copy, by offset;
   2. the same config (shuffled strings), 2,500 steps from 1: it copies by content;
   3. the same with --config.data.corpus=recall+copy:20000, 1,500 steps from 2;
   4. experiments/sft_agent_tiny.py from 3, --config.data.corpus=functions:basic+functions:basic

@@ -20,10 +20,13 @@ the in-order spec, below): held-out loss 2.21 nats a token at step 250, 1.51 at 
 1,000, 0.60 at 1,500, 0.37 at 2,500; chat probe in order / reversed 0.51 / 0.50 at 500, 0.78 /
 0.76 at 1,200, 0.92 / 0.92 at 2,500: it finds each string by its content. The plain-text probe
 (a 40-character string repeated after filler, no chat markers) stays at chance: the copying is
-specific to the format it was taught in. With the prompt repeated in order (the spec before
-shuffling) the loss left its plateau after ~1,000 steps (3.24 nats at 1,000, 1.62 at 1,500,
-0.57 at 1,790) by learning the offset: at step 1,750, 83% of the characters after each string's
-first right in order, 8% with the strings reversed (BENCHMARKS.md, issue 16).
+specific to the format it was taught in. With the prompt repeated in order
+(`--config.data.corpus=copy:ordered`, the chain's first stage) the loss left its plateau after
+~1,000 steps (3.24 nats at 1,000, 1.62 at 1,500, 0.57 at 1,790) by learning the offset: at step
+1,750, 83% of the characters after each string's first right in order, 8% with the strings
+reversed (BENCHMARKS.md, issue 16). Rerun 2026-12-04 (1,500 steps of one cosine, then 1,200
+shuffled: 37 minutes): chat probe 0.71 / 0.70, but a copy learnt after a bare user turn is lost,
+not carried over, once the agent's system turn comes first (BENCHMARKS.md, issue 16).
 Then agent SFT from here, keeping the copy data in the mixture (agent SFT alone erases the
 copying in 300 steps: chat probe 0.92 -> 0.015):
     python -m c2.main --config=experiments/sft_agent_tiny.py --workdir=runs/sft_agent_copy \
