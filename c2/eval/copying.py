@@ -188,8 +188,8 @@ def task_reading_accuracy(
     that level ("basic" or "wide": "... it gives back n - 62.", "... return n times 40."),
     rendered as RL plays them: the argmax accuracy on the operation character after `return n `
     in the first reply (copied, or translated from a word), on the constant's digits, and the
-    share of conversations with all of them right. A policy that does
-    not read its task scores chance on the held-out templates (wide: 1/3 and ~1/10 a digit)."""
+    share of conversations with all of them right. A policy that does not read its task scores
+    chance on the held-out templates (wide: 1/3 and ~1/10 a digit)."""
     import re
 
     from c2.data import sft
@@ -200,11 +200,11 @@ def task_reading_accuracy(
     examples = sft.function_task_conversations("eval", level)
     if not 1 <= prompts <= len(examples):
         raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
-    head = list(tokenizer.encode("return n "))
+    chat, head = AgentChat(tokenizer), list(tokenizer.encode("return n "))
     hits = {"operation": 0, "constant": 0, "both": 0}
-    total = {"operation": 0, "constant": 0, "both": 0}
+    digits = 0
     for e in examples[:prompts]:
-        ids, mask = AgentChat(tokenizer).conversation(e["messages"])
+        ids, mask = chat.conversation(e["messages"])
         reply = next(m["content"] for m in e["messages"] if m["role"] == "assistant")
         op, const = re.search(r"return n (\S) (\d+)", reply).groups()
         answer = list(tokenizer.encode(f"{op} {const}"))
@@ -221,9 +221,8 @@ def task_reading_accuracy(
         hits["operation"] += int(right[0])
         hits["constant"] += int(right[2:].sum())
         hits["both"] += int(right[0] and right[2:].all())
-        total["operation"] += 1
-        total["constant"] += len(const)
-        total["both"] += 1
+        digits += len(const)
+    total = {"operation": prompts, "constant": digits, "both": prompts}
     return {name: hits[name] / total[name] for name in hits}
 
 
