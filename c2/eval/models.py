@@ -2,10 +2,13 @@
 
     load_model("runs/main/rl")        a stage workdir (config.json + checkpoints/)
     load_model("runs/main")           a pipeline workdir: its last stage
-    load_model("hf:DIR")              a transformers safetensors directory (tokenizer.json in it)
+    load_model("hf:DIR")              a transformers safetensors directory (tokenizer.json in it,
+                                      or config.json's "c2_tokenizer": "byte")
 
 Returns a `LoadedModel` whose params sit on one device (the generation engine and the
-evaluations here run unsharded).
+evaluations here run unsharded). `export_stage(workdir, DIR)` writes a workdir's newest weights
+as such a directory (`python -m c2.eval.models export WORKDIR DIR`): a stage's policy to share,
+evaluate or start a later stage from (`--config.init_from=hf:DIR`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -87,10 +91,7 @@ def load_model(spec: str) -> LoadedModel:
     if spec.startswith("hf:"):
         path = Path(spec[3:])
         cfg, params = model_lib.load_hf_checkpoint(path)
-        tok_file = path / "tokenizer.json"
-        if not tok_file.is_file():
-            raise FileNotFoundError(f"{spec}: no tokenizer.json in {path}")
-        tokenizer = load_tokenizer(str(tok_file))
+        tokenizer = load_tokenizer(_hf_tokenizer_spec(path))
         params = jax.device_put(params, device)
         return LoadedModel(spec, cfg, params, tokenizer, None)
     from c2.train import lm
@@ -104,3 +105,61 @@ def load_model(spec: str) -> LoadedModel:
     return LoadedModel(
         spec, lm.model_config(config), params, load_tokenizer(config.data.tokenizer), config
     )
+
+
+# config.json's key naming a tokenizer that has no tokenizer.json (c2's byte tokenizer).
+C2_TOKENIZER_KEY = "c2_tokenizer"
+
+
+def _hf_tokenizer_spec(path: Path) -> str:
+    if (path / "tokenizer.json").is_file():
+        return str(path / "tokenizer.json")
+    named = json.loads((path / "config.json").read_text()).get(C2_TOKENIZER_KEY)
+    if named == "byte":
+        return named
+    raise FileNotFoundError(
+        f"hf:{path}: no tokenizer.json in it, and its config.json names no c2 tokenizer "
+        f"({C2_TOKENIZER_KEY!r}: 'byte')"
+    )
+
+
+def export_stage(workdir: str | Path, dst: str | Path) -> LoadedModel:
+    """A stage (or pipeline) workdir's newest weights as a Hugging Face directory that
+    `load_model("hf:DST")` and `config.init_from="hf:DST"` read: config.json + safetensors
+    (exact, in the parameters' dtype), and the stage's tokenizer (its tokenizer.json, or
+    `"c2_tokenizer": "byte"` in config.json for the byte tokenizer). Returns what it exported."""
+    from c2.model.hf import export_hf_checkpoint
+
+    model = load_model(str(workdir))
+    dst = Path(dst)
+    export_hf_checkpoint(model.params, model.cfg, dst)
+    spec = model.config.data.tokenizer
+    if spec == "byte":
+        cfg_file = dst / "config.json"
+        hf_cfg = json.loads(cfg_file.read_text()) | {C2_TOKENIZER_KEY: "byte"}
+        cfg_file.write_text(json.dumps(hf_cfg, indent=2, sort_keys=True))
+    else:
+        src = Path(spec)
+        shutil.copyfile(src / "tokenizer.json" if src.is_dir() else src, dst / "tokenizer.json")
+    return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import logging
+
+    ap = argparse.ArgumentParser(
+        prog="python -m c2.eval.models", description=__doc__.split("\n")[0]
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    exp = sub.add_parser("export", help="a c2 stage or pipeline workdir -> a Hugging Face dir")
+    exp.add_argument("workdir")
+    exp.add_argument("dst")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    model = export_stage(args.workdir, args.dst)
+    logging.info("exported %s (%s) -> %s", args.workdir, model.cfg.family, args.dst)
+
+
+if __name__ == "__main__":
+    main()

@@ -29,6 +29,7 @@ _NO_EFFECT = {
     "output_attentions", "chunk_size_feed_forward", "problem_type", "is_encoder_decoder",
     "quantization_config",  # read by the loader (block-FP8 dequantisation)
     "dtype", "torch_dtype",  # read by the loader (compute dtype): `checkpoint_dtype`
+    "c2_tokenizer",  # read by c2.eval.models: a tokenizer without a tokenizer.json ("byte")
 }  # fmt: skip
 _READ = {
     "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
