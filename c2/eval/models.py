@@ -7,8 +7,9 @@
 
 Returns a `LoadedModel` whose params sit on one device (the generation engine and the
 evaluations here run unsharded). `export_stage(workdir, DIR)` writes a workdir's newest weights
-as such a directory (`python -m c2.eval.models export WORKDIR DIR`): a stage's policy to share,
-evaluate or start a later stage from (`--config.init_from=hf:DIR`).
+(or a chosen step's) as such a directory (`python -m c2.eval.models export WORKDIR DIR
+[--step N]`): a stage's policy to share, evaluate or start a later stage from
+(`--config.init_from=hf:DIR`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,12 @@ def _with_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     return ml_collections.ConfigDict(fill(saved.to_dict(), defaults().to_dict()))
 
 
-def load_model(spec: str) -> LoadedModel:
-    """See the module doc."""
+def load_model(spec: str, step: int | None = None) -> LoadedModel:
+    """See the module doc; `step` picks a workdir's checkpoint (default: the newest)."""
     device = jax.devices()[0]
     if spec.startswith("hf:"):
+        if step is not None:
+            raise ValueError(f"{spec}: an HF directory has no checkpoint steps (step={step})")
         path = Path(spec[3:])
         cfg, params = model_lib.load_hf_checkpoint(path)
         tokenizer = load_tokenizer(_hf_tokenizer_spec(path))
@@ -99,7 +102,7 @@ def load_model(spec: str) -> LoadedModel:
 
     stage_dir, config = stage_config(spec)
     task = lm.build_task(config)
-    params = load_init_params(str(stage_dir), task)
+    params = load_init_params(str(stage_dir), task, step)
     # The engine's own single-device copy (as the RL trainer hands it one).
     params = jax.tree.map(jnp.copy, jax.device_put(params, device))
     return LoadedModel(
@@ -123,14 +126,15 @@ def _hf_tokenizer_spec(path: Path) -> str:
     )
 
 
-def export_stage(workdir: str | Path, dst: str | Path) -> LoadedModel:
-    """A stage (or pipeline) workdir's newest weights as a Hugging Face directory that
+def export_stage(workdir: str | Path, dst: str | Path, step: int | None = None) -> LoadedModel:
+    """A stage (or pipeline) workdir's newest weights (or those after `step` steps) as a Hugging
+    Face directory that
     `load_model("hf:DST")` and `config.init_from="hf:DST"` read: config.json + safetensors
     (exact, in the parameters' dtype), and the stage's tokenizer (its tokenizer.json, or
     `"c2_tokenizer": "byte"` in config.json for the byte tokenizer). Returns what it exported."""
     from c2.model.hf import export_hf_checkpoint
 
-    model = load_model(str(workdir))
+    model = load_model(str(workdir), step)
     dst = Path(dst)
     export_hf_checkpoint(model.params, model.cfg, dst)
     spec = model.config.data.tokenizer
@@ -155,9 +159,10 @@ def main(argv: list[str] | None = None) -> None:
     exp = sub.add_parser("export", help="a c2 stage or pipeline workdir -> a Hugging Face dir")
     exp.add_argument("workdir")
     exp.add_argument("dst")
+    exp.add_argument("--step", type=int, default=None, help="the checkpoint (default: newest)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    model = export_stage(args.workdir, args.dst)
+    model = export_stage(args.workdir, args.dst, args.step)
     logging.info("exported %s (%s) -> %s", args.workdir, model.cfg.family, args.dst)
 
 

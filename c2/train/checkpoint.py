@@ -225,6 +225,15 @@ class Checkpointer:
             )
         return None
 
+    def restore_step(self, step: int, abstract_params):
+        """The parameters saved after `step` steps; CorruptCheckpoint when they cannot be read
+        (a missing step included: the steps there are named)."""
+        if step not in self.all_steps():
+            raise CorruptCheckpoint(
+                f"step {step}: no such checkpoint in {self.directory} (steps: {self.all_steps()})"
+            )
+        return self._restore_step(step, abstract_params, None)["params"]
+
     def wait(self) -> None:
         self._mngr.wait_until_finished()
 

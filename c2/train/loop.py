@@ -85,9 +85,12 @@ def _sharded(abstract):
     )
 
 
-def load_init_params(init_from: str, task: Task):
-    """Parameters a stage starts from: a previous stage's workdir, or an HF import ("hf:DIR")."""
+def load_init_params(init_from: str, task: Task, step: int | None = None):
+    """Parameters a stage starts from: a previous stage's workdir (its newest good checkpoint, or
+    the one after `step` steps), or an HF import ("hf:DIR")."""
     if init_from.startswith("hf:"):
+        if step is not None:
+            raise ConfigError(f"init_from={init_from!r}: an HF directory has no steps to choose")
         if task.import_params is None:
             raise ConfigError(f"config.init_from={init_from!r}: this task cannot import HF weights")
         return task.import_params(init_from[3:])
@@ -98,8 +101,14 @@ def load_init_params(init_from: str, task: Task):
             "previous stage first or point init_from at its workdir"
         )
     ckpt = Checkpointer(ckpt_dir)
-    found = ckpt.restore_latest(_sharded(task.abstract_params), None, set_aside=False)
-    ckpt.close()
+    try:
+        if step is not None:
+            params = ckpt.restore_step(step, _sharded(task.abstract_params))
+            log.info("initialised from %s step %d", init_from, step)
+            return params
+        found = ckpt.restore_latest(_sharded(task.abstract_params), None, set_aside=False)
+    finally:
+        ckpt.close()
     if found is None:
         raise ConfigError(f"config.init_from={init_from!r}: no readable checkpoint in {ckpt_dir}")
     log.info("initialised from %s step %d", init_from, found[0])

@@ -37,3 +37,23 @@ def test_an_hf_directory_without_a_tokenizer_is_refused_naming_what_is_missing(
     cfg_file.write_text(json.dumps(hf_cfg))
     with pytest.raises(FileNotFoundError, match="no tokenizer.json in it.*c2_tokenizer"):
         models.load_model(f"hf:{hf_dir}")
+
+
+def test_export_takes_a_chosen_checkpoint_and_names_the_steps_there(tmp_path, untrained_workdir):
+    import jax
+    import jax.numpy as jnp
+
+    from c2.train.checkpoint import Checkpointer, CorruptCheckpoint
+
+    work = untrained_workdir(tmp_path / "stage")
+    first = models.load_model(str(work)).params
+    later = jax.tree.map(lambda x: 2 * x, first)
+    ckpt = Checkpointer(work / "checkpoints", async_save=False)
+    ckpt.save(5, later, {"unused": jnp.zeros(1)}, {}, force=True)
+    ckpt.close()
+    models.main(["export", str(work), str(tmp_path / "at0"), "--step", "0"])
+    models.main(["export", str(work), str(tmp_path / "newest")])
+    chex.assert_trees_all_equal(models.load_model(f"hf:{tmp_path / 'at0'}").params, first)
+    chex.assert_trees_all_equal(models.load_model(f"hf:{tmp_path / 'newest'}").params, later)
+    with pytest.raises(CorruptCheckpoint, match=r"step 3: no such checkpoint .*\[0, 5\]"):
+        models.export_stage(work, tmp_path / "none", step=3)
