@@ -19,8 +19,11 @@ Runtime: 13.4 minutes on the 2-core reference machine with nothing else running 
 Measured (2026-12-03, BENCHMARKS.md "RL stage"): held-out pass@1 0.41 -> 0.63, **+0.22 [+0.16,
 +0.28]** (paired, 95%), best-of-4 0.75 -> 0.90; a replicate (--config.rl.task_seed=3) +0.08
 [+0.01, +0.15], best-of-4 -0.02; from a policy that partly reads its task. That
-policy came from this chain (each a `python -m c2.main` run, ~3.5 hours on 2 cores in all;
---config.model.yarn.factor=0. throughout, and for this stage):
+policy came from this chain (each a `python -m c2.main` run, ~2-3.5 hours on 2 cores in all;
+--config.model.yarn.factor=0. throughout, and for this stage); `bash
+experiments/reader_chain_tiny.sh DIR` runs it (stage 1 as one 1,500-step cosine) and exports the
+policy to hf:DIR/policy. Shortening stage 2 to 1,200 steps loses it: stages 3-5 from there never
+read (wide-level operation / digits 0.43 / 0.13 after stage 5's 800 steps; BENCHMARKS.md, issue 16):
   1. experiments/sft_copy_tiny.py from scratch, --config.data.corpus=copy:ordered (strings
      repeated in order), 1,790 steps (its schedule: BENCHMARKS.md, issue 16; 1,500 steps of one
      cosine leave the plateau too): it learns to copy, by offset;

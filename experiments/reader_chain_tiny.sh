@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The SFT chain that makes the RL stage's start policy: a tiny model that reads its task (the
+# constant and operation in a function task's instruction). The main job's own SFT does not give
+# one (experiments/rl_tiny.py's docstring; BENCHMARKS.md, issue 16 and "RL stage").
+#
+#   bash experiments/reader_chain_tiny.sh [DIR]          (default DIR: runs/reader_tiny)
+#
+# Five `python -m c2.main` stages into DIR/1_copy_ordered ... DIR/5_wide, each from the last, then
+# the policy exported to DIR/policy (step 300 of stage 5, an exact hf: directory), ready for
+#   python -m c2.main --config=experiments/rl_tiny.py --workdir=DIR/rl \
+#       --config.init_from=hf:DIR/policy --config.model.yarn.factor=0.
+# Killed at any point, the same command resumes: every stage resumes its workdir, a finished one
+# only re-runs its probe. Each stage's probe (`python -m c2.eval.copying`, seconds) goes to
+# DIR/N_*.probe; what the stages gave before (BENCHMARKS.md, issue 16):
+#   2 (shuffled copy)       chat copy in order / reversed ~0.9 at 2,500 steps (0.71 at 1,200 is
+#                           too little: stages 3-5 from it never read, 2026-12-04)
+#   3 (recall + copy)       recall values ~0.6 without a system turn, ~0 behind one
+#   4 (agent SFT + recall)  recall values behind the agent system prompt ~0.4
+#   5 (the wide level)      held-out operation / constant digits ~0.95 at 300-400 steps
+# Status (2026-12-04): this exact sequence has not yet run end to end. Its stages 3-5 are the chain
+# that gave the measured RL gain (experiments/rl_tiny.py's docstring); its first stage is the
+# reproducible one-cosine run that replaced an older commit's schedule; from that stage, 1,200
+# shuffled steps were too few (above), so stage 2 keeps the original chain's 2,500.
+# Runtime: ~2 h 10 min on the 2-core reference machine with nothing else running (steps of
+# 0.85-0.9 s in stages 1-3, 1.25-1.35 s in 4-5). Every stage runs without YaRN (factor 0).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR=${1:-runs/reader_tiny}
+PY=${PYTHON:-.venv/bin/python}
+mkdir -p "$DIR"
+
+stage() {  # NAME CONFIG INIT_FROM ARGS...
+  local name=$1 config=$2 init=$3
+  shift 3
+  echo "$(date +%T) stage $name"
+  "$PY" -m c2.main --config="experiments/$config" --workdir="$DIR/$name" \
+    ${init:+--config.init_from="$DIR/$init"} --config.model.yarn.factor=0. "$@"
+}
+
+probe() {  # NAME POLICY ARGS...: the copying probes of POLICY (a workdir or hf:DIR)
+  local name=$1 policy=$2
+  shift 2
+  "$PY" -m c2.eval.copying --policy "$policy" --gaps 0 "$@" | tee "$DIR/$name.probe"
+}
+
+# 1. Copy the prompt's strings in order, from scratch: copying by offset (the plateau breaks
+#    after ~1,000 steps).
+stage 1_copy_ordered sft_copy_tiny.py "" --config.data.corpus=copy:ordered --config.train.steps=1500
+# 2. The strings shuffled: copying by content (an induction head).
+stage 2_copy sft_copy_tiny.py 1_copy_ordered --config.train.steps=2500
+probe 2_copy "$DIR/2_copy" --chat
+# 3. Recall `key = value` lines by key, with copy examples.
+stage 3_recall sft_copy_tiny.py 2_copy --config.data.corpus=recall+copy:20000 \
+  --config.train.steps=1500
+probe 3_recall "$DIR/3_recall" --chat --recall --recall_system 0,all
+# 4. The agent format (basic function tasks) with recall and copy behind its system prompt.
+stage 4_agent sft_agent_tiny.py 3_recall \
+  --config.data.corpus=functions:basic+functions:basic+recall:12000:agent+copy:4000:agent \
+  --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=50 \
+  --config.train.steps=1200
+probe 4_agent "$DIR/4_agent" --recall --recall_system all --task wide
+# 5. The wide level (constants 1-99: only reading the instruction fits it); the RL start is its
+#    step-300 checkpoint (held-out pass@1 0.41 at T = 1 before: later ones leave RL less to gain).
+stage 5_wide sft_agent_tiny.py 4_agent --config.data.corpus=functions:wide:20000 \
+  --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=30 \
+  --config.train.steps=800 --config.train.keep_checkpoints=8
+"$PY" -m c2.eval.models export "$DIR/5_wide" "$DIR/policy" --step 300
+probe policy "hf:$DIR/policy" --task wide
+echo "$(date +%T) done: the RL start policy is hf:$DIR/policy"
