@@ -21,8 +21,8 @@
 # that gave the measured RL gain (experiments/rl_tiny.py's docstring); its first stage is the
 # reproducible one-cosine run that replaced an older commit's schedule; from that stage, 1,200
 # shuffled steps were too few (above), so stage 2 keeps the original chain's 2,500.
-# Runtime: ~2 h 10 min on the 2-core reference machine with nothing else running (steps of
-# 0.85-0.9 s in stages 1-3, 1.25-1.35 s in 4-5). Every stage runs without YaRN (factor 0).
+# Runtime: ~2-2.5 h on the 2-core reference machine with nothing else running (steps of
+# 0.85-1.1 s in stages 1-3, 1.25-1.4 s in 4-5). Every stage runs without YaRN (factor 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-runs/reader_tiny}
@@ -59,11 +59,12 @@ stage 4_agent sft_agent_tiny.py 3_recall \
   --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=50 \
   --config.train.steps=1200
 probe 4_agent "$DIR/4_agent" --recall --recall_system all --task wide
-# 5. The wide level (constants 1-99: only reading the instruction fits it); the RL start is its
-#    step-300 checkpoint (held-out pass@1 0.41 at T = 1 before: later ones leave RL less to gain).
+# 5. The wide level (constants 1-99: only reading the instruction fits it); the RL start is
+#    step 300 of its 800-step schedule (held-out pass@1 0.41 at T = 1 before: later steps leave RL
+#    less to gain), so the stage stops there.
 stage 5_wide sft_agent_tiny.py 4_agent --config.data.corpus=functions:wide:20000 \
   --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=30 \
-  --config.train.steps=800 --config.train.keep_checkpoints=8
+  --config.train.steps=800 --config.train.stop_at=300
 "$PY" -m c2.eval.models export "$DIR/5_wide" "$DIR/policy" --step 300
 probe policy "hf:$DIR/policy" --task wide
 echo "$(date +%T) done: the RL start policy is hf:$DIR/policy"

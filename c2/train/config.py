@@ -88,6 +88,10 @@ def stage_defaults() -> ml_collections.ConfigDict:
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100
+    # Stop this run after this step (0: at train.steps), checkpointing there; the schedule still
+    # spans train.steps, so the checkpoint is the one a full run passes through, and rerunning
+    # with a larger value (or 0) goes on from it.
+    c.train.stop_at = 0
     c.train.checkpoint_every = 50
     c.train.keep_checkpoints = 3
     c.train.async_checkpoints = True
@@ -244,6 +248,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
     check_positive(
         config,
         "train.eval_every",
+        "train.stop_at",
         "train.mtp_weight",
         "train.balance_weight",
         "train.router_bias_rate",
@@ -271,6 +276,11 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         raise ConfigError(
             f"config.optimizer.warmup_steps: {config.optimizer.warmup_steps} is more than "
             f"config.train.steps={config.train.steps}"
+        )
+    if config.train.stop_at > config.train.steps:
+        raise ConfigError(
+            f"config.train.stop_at={config.train.stop_at} is past config.train.steps="
+            f"{config.train.steps} (0 stops at train.steps)"
         )
     if config.model.yarn.factor and config.model.yarn.original_max_position_embeddings <= 0:
         raise ConfigError(

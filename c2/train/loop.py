@@ -155,7 +155,8 @@ def abstract_state(tx, task: Task):
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) -> dict:
-    """Runs (or resumes) one stage to `config.train.steps`; returns the last logged record."""
+    """Runs (or resumes) one stage to `config.train.steps` (or `config.train.stop_at`); returns
+    the last logged record."""
     validate_stage(config, task.mesh.devices.size)
     workdir = Path(workdir)
     if jax.process_index() == 0:
@@ -188,7 +189,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
         primary = jax.process_index() == 0
         writer = metrics_lib.MetricsWriter(workdir, resume_step=start, enabled=primary)
         try:
-            if start >= tc.steps:
+            if start >= (tc.stop_at or tc.steps):
                 log.info("%s is already complete at step %d", workdir, start)
             else:
                 step_fn = make_step_fn(
@@ -210,8 +211,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | Path, task: Task) ->
 
 
 def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, ckpt, writer):
-    """Steps start+1 .. config.train.steps: log, evaluate and checkpoint on schedule."""
+    """Steps start+1 .. config.train.steps (or stop_at): log, evaluate and checkpoint on schedule,
+    and at the last step."""
     tc = config.train
+    last = tc.stop_at or tc.steps
     params, opt_state, rng = state
     put = lambda b: jax.tree.map(
         lambda x: jax.make_array_from_process_local_data(task.batch_sharding, x), b
@@ -225,10 +228,10 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
     log.info("compiled the train step in %.1fs", time.perf_counter() - t0)
     n_devices = task.mesh.devices.size
     show = tc.progress_bar and jax.process_index() == 0
-    bar = tqdm(total=tc.steps, initial=start, disable=not show, desc=config.name)
+    bar = tqdm(total=last, initial=start, disable=not show, desc=config.name)
     t_last, last_logged = time.perf_counter(), start
     target_tokens = jnp.float32(0.0)  # summed on device; read at log steps only
-    for step in range(start + 1, tc.steps + 1):
+    for step in range(start + 1, last + 1):
         if step > start + 1:
             batch = put(next(train_iter))
         params, opt_state, rng, step_metrics = compiled(
@@ -237,7 +240,7 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
         target_tokens = target_tokens + step_metrics.get("target_tokens", 0.0)
         counters.tokens += tokens_per_step
         counters.flops += tokens_per_step * task.flops_per_token
-        if step % tc.log_every == 0 or step == tc.steps:
+        if step % tc.log_every == 0 or step == last:
             host = _host_metrics(step_metrics)  # waits for the step
             counters.target_tokens += float(target_tokens)
             target_tokens = jnp.float32(0.0)
@@ -255,15 +258,13 @@ def _run_steps(config, task: Task, step_fn, state, start, train_iter, counters, 
             if task.peak_flops_per_device:
                 achieved = tokens_per_step * task.flops_per_token / dt
                 host["mfu"] = achieved / (task.peak_flops_per_device * n_devices)
-            if task.evaluate and (
-                step == tc.steps or (tc.eval_every and step % tc.eval_every == 0)
-            ):
+            if task.evaluate and (step == last or (tc.eval_every and step % tc.eval_every == 0)):
                 host |= {f"eval_{k}": v for k, v in task.evaluate(params).items()}
             writer.write(step, host)
             bar.set_postfix(loss=f"{host['loss']:.3f}")
             t_last, last_logged = time.perf_counter(), step  # evaluation is not train time
         bar.update(1)
-        if step % tc.checkpoint_every == 0 or step == tc.steps:
+        if step % tc.checkpoint_every == 0 or step == last:
             meta = {
                 "rng": np.asarray(jax.device_get(rng)).tolist(),
                 "counters": dataclasses.asdict(counters),

@@ -105,6 +105,8 @@ def test_batch_must_divide_by_data_parallelism():
         ("train", "keep_checkpoints", 1, r"config\.train\.keep_checkpoints: expected >= 2"),
         ("optimizer", "warmup_steps", 500, r"config\.optimizer\.warmup_steps: 500 is more than"),
         ("optimizer", "decay_fraction", 0.0, r"config\.optimizer\.decay_fraction: expected in"),
+        ("train", "stop_at", 200, r"config\.train\.stop_at=200 is past config\.train\.steps=100"),
+        ("train", "stop_at", -1, r"config\.train\.stop_at: expected >= 0, got -1"),
     ],
 )
 def test_bad_values_are_named(section, field, value, pattern):

@@ -149,6 +149,17 @@ def test_crash_then_resume_gives_identical_losses(tmp_path, reference):
     assert losses(tmp_path) == losses(reference)
 
 
+def test_stop_at_checkpoints_there_and_a_rerun_goes_on_to_the_same_losses(tmp_path, reference):
+    c = toy_config()
+    c.train.stop_at = 5  # not a checkpoint step: it checkpoints there anyway
+    train(c, tmp_path, toy_task())
+    assert [s for s, _ in losses(tmp_path)] == [1, 2, 3, 4, 5]
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())[-1] == 5
+    train(c, tmp_path, toy_task(crash_at=1))  # complete at stop_at: draws no batch
+    train(toy_config(), tmp_path, toy_task())  # on to train.steps, on the same schedule
+    assert losses(tmp_path) == losses(reference)
+
+
 def test_damaged_latest_checkpoint_falls_back_and_still_matches(tmp_path, reference, caplog):
     shutil.copytree(reference, tmp_path, dirs_exist_ok=True)
     # damage the final checkpoint and pretend the run stopped there (step 8 must be redone)
