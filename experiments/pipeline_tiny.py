@@ -58,6 +58,9 @@ def get_config(arg=None):
     c.stages.sft = load_config(HERE / "sft_tiny.py")
     c.stages.sft_agent = load_config(HERE / "sft_agent_tiny.py")
     c.stages.rl = load_config(HERE / "rl_tiny.py")
+    # The RL stage plays the agent-SFT model it starts from, so with its positions (YaRN 8x).
+    for key, value in c.stages.sft_agent.model.yarn.items():
+        c.stages.rl.model.yarn[key] = value
     c.eval = eval_defaults()
     c.eval.short_batches, c.eval.long_batches = 4, 2  # 8,192 held-out tokens at either length
 

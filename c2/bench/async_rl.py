@@ -44,11 +44,7 @@ CONFIG = Path(__file__).parents[2] / "experiments" / "rl_tiny.py"
 def bench_config(init_from: str, steps: int, staleness: int, latency: tuple[float, float]):
     c = load_config(CONFIG)
     c.init_from = init_from
-    saved = Path(init_from) / "config.json"
-    if saved.is_file():  # the checkpoint's own positional scaling (YaRN), whatever it was
-        yarn = json.loads(saved.read_text())["model"]["yarn"]
-        for k, v in yarn.items():
-            c.model.yarn[k] = v
+    rl_config.adopt_init_positions(c)  # the start policy's own positional scaling (YaRN)
     c.train.steps = steps
     c.train.checkpoint_every = steps
     c.train.progress_bar = False

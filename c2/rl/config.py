@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
+from pathlib import Path
 
 import ml_collections
 
@@ -205,6 +207,11 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
     check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
+    if config.train.stop_at:
+        raise ConfigError(
+            f"config.train.stop_at={config.train.stop_at}: the RL stage runs to config.train.steps "
+            "(its prompts are drawn for that many steps); set stop_at=0"
+        )
     if r.rollout_backend not in ("local", "ray"):
         raise ConfigError(
             f"config.rl.rollout_backend={r.rollout_backend!r}: expected 'local' or 'ray'"
@@ -265,4 +272,69 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the model's "
             f"max_seq_len={cfg.max_seq_len}"
         )
+    if load_files and config.init_from:
+        check_init_positions(config, cfg)
     return mesh_sizes, cfg, objective_config(config), rollout_config(config)
+
+
+def check_init_positions(config: ml_collections.ConfigDict, cfg) -> None:
+    """The RL stage plays and trains the policy it starts from, so its positional encoding (RoPE
+    theta and YaRN) must be the one `config.init_from` was trained with: weights trained without
+    YaRN and run with it see every position moved and read nothing, silently."""
+    saved = _init_model_config(config)
+    if saved is None:  # nothing readable there: loading the weights names the problem
+        return
+    ours = (cfg.rope_theta, cfg.rope_scaling)
+    if (saved.rope_theta, saved.rope_scaling) != ours:
+        yarn = saved.rope_scaling
+        hint = (
+            f"--config.model.yarn.factor={yarn.factor} "
+            f"--config.model.yarn.original_max_position_embeddings="
+            f"{yarn.original_max_position_embeddings} (and its mscale settings)"
+            if yarn
+            else "--config.model.yarn.factor=0."
+        )
+        raise ConfigError(
+            f"config.model.yarn / rope_theta: config.init_from={config.init_from!r} was trained "
+            f"with rope_theta={saved.rope_theta}, YaRN {yarn}; this config runs it with "
+            f"rope_theta={cfg.rope_theta}, YaRN {cfg.rope_scaling}. Set {hint}"
+        )
+
+
+def adopt_init_positions(config: ml_collections.ConfigDict) -> None:
+    """Sets `config.model.yarn` to the YaRN `config.init_from` was trained with (for tools that
+    take any start policy, such as the RL benchmarks); unchanged when it cannot be read."""
+    saved = _init_model_config(config)
+    if saved is None:
+        return
+    yarn = saved.rope_scaling
+    config.model.yarn.factor = yarn.factor if yarn else 0.0
+    if yarn:
+        for key in config.model.yarn:
+            config.model.yarn[key] = getattr(yarn, key)
+
+
+def _init_model_config(config: ml_collections.ConfigDict):
+    """The ModelConfig `config.init_from` (a stage workdir or hf:DIR) was trained with, or None."""
+    init = config.init_from
+    hf = init.startswith("hf:")
+    saved = Path(init[3:] if hf else init) / "config.json"
+    if not saved.is_file():
+        return None
+    d = json.loads(saved.read_text())
+    if hf:
+        from c2.model.hf_config import config_from_hf
+
+        return config_from_hf(d, strict=False)
+    if "model" not in d:  # a pipeline workdir: not a stage's weights
+        return None
+    theirs = copy.deepcopy(_without_rl(config))
+    m = d["model"]
+    try:
+        theirs.model.preset = m["preset"]
+        theirs.model.overrides = ml_collections.ConfigDict(m.get("overrides", {}))
+        for key, value in m.get("yarn", {}).items():
+            theirs.model.yarn[key] = value
+        return lm.model_config(theirs)
+    except (KeyError, TypeError, ConfigError):
+        return None

@@ -1,12 +1,14 @@
 """The RL stage config: the experiments validate, mistakes name the field before compiling."""
 
+import json
 import math
 from pathlib import Path
 
 import pytest
 
-from c2.rl.config import rl_stage_defaults, validate_rl
-from c2.train.config import MESH_AXES, ConfigError, load_config
+from c2.model.hf_config import config_to_hf
+from c2.rl.config import adopt_init_positions, rl_stage_defaults, validate_rl
+from c2.train.config import MESH_AXES, ConfigError, load_config, stage_defaults
 
 EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 
@@ -44,6 +46,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
         ("rl.eval.tasks", 1, r"config\.rl\.eval\.tasks=1: the held-out gain's paired"),
         ("rl.rewards.style", -1.0, r"config\.rl\.rewards\.style: expected >= 0"),
         ("rl.rollout.temperature", "hot", r"config\.rl\.rollout\.temperature: expected float"),
+        ("train.stop_at", 10, r"config\.train\.stop_at=10: the RL stage runs to"),
     ],
 )
 def test_mistakes_name_the_field(field, value, match):
@@ -63,3 +66,43 @@ def test_unknown_rl_field_is_named():
     config.rl.grop_size = 8
     with pytest.raises(ConfigError, match=r"config\.rl\.grop_size: unknown field"):
         validate_rl(config, num_devices=1)
+
+
+def test_positions_must_be_the_ones_the_start_policy_was_trained_with(tmp_path):
+    """A policy trained without YaRN and played with it (or the reverse) is refused, naming the
+    setting to use, for a stage workdir and for an hf: directory alike."""
+    config = load_config(EXPERIMENTS / "rl_tiny.py")
+    _, cfg, _, _ = validate_rl(config, num_devices=1, load_files=False)
+    trained = stage_defaults()
+    trained.model.preset = config.model.preset
+    for key, value in config.model.yarn.items():  # rl_tiny's YaRN: 8x over 128 positions
+        trained.model.yarn[key] = value
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "config.json").write_text(trained.to_json())
+    (tmp_path / "hf").mkdir()
+    hf = config_to_hf(cfg.replace(rope_scaling=None))
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(hf))
+
+    config.model.yarn.factor = 0.0
+    config.init_from = str(tmp_path / "sft")
+    with pytest.raises(ConfigError, match=r"was trained with rope_theta=.*YaRN YarnConfig\(fac"):
+        validate_rl(config, num_devices=1)
+    with pytest.raises(ConfigError, match=r"--config\.model\.yarn\.factor=8\.0 "):
+        validate_rl(config, num_devices=1)
+    config.init_from = f"hf:{tmp_path / 'hf'}"
+    validate_rl(config, num_devices=1)  # trained and played without YaRN
+    config.model.yarn.factor = 8.0
+    with pytest.raises(ConfigError, match=r"YaRN None; .*Set --config\.model\.yarn\.factor=0\."):
+        validate_rl(config, num_devices=1)
+    config.init_from = str(tmp_path / "sft")
+    validate_rl(config, num_devices=1)
+    config.model.yarn.mscale_all_dim = 0.0  # any YaRN setting counts
+    with pytest.raises(ConfigError, match=r"mscale_all_dim=1\.0.*mscale_all_dim=0\.0"):
+        validate_rl(config, num_devices=1)
+    # what the benchmarks do with any start policy: take its positions
+    adopt_init_positions(config)
+    assert config.model.yarn.to_dict() == trained.model.yarn.to_dict()
+    config.init_from = f"hf:{tmp_path / 'hf'}"
+    adopt_init_positions(config)
+    assert config.model.yarn.factor == 0.0
+    validate_rl(config, num_devices=1)
