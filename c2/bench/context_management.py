@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from c2.rl import config as rl_config
 from c2.rl import evaluation, trainer
 from c2.train.config import load_config
 
@@ -37,6 +38,7 @@ MODES = ("self_summary", "compaction", "none")
 def bench_config(init_from: str, mode: str, seed: int, steps: int):
     c = load_config(CONFIG)
     c.init_from = init_from
+    rl_config.adopt_init_positions(c)  # the start policy's own positional scaling (YaRN)
     c.train.seed = seed
     c.train.steps = steps
     c.train.checkpoint_every = steps

@@ -1,7 +1,7 @@
 """The ablation harness: each ablation switches one RL choice against the recipe's default.
 
     python -m c2.eval.ablate --config=experiments/rl_tiny.py --seeds 3 --ablations A,B,... \\
-        [--out DIR] [--set init_from=runs/sft_agent_tiny --set train.steps=12 ...]
+        [--out DIR] [--set init_from=hf:DIR --set train.steps=12 ...]
 
 Runs the RL stage (`c2.rl.trainer.run`) once per (ablation, seed), "baseline" (the config as
 given) included, each in its own workdir `OUT/<ablation>/seed_<s>` (seed s sets config.train.seed:

@@ -286,14 +286,10 @@ def check_init_positions(config: ml_collections.ConfigDict, cfg) -> None:
         return
     ours = (cfg.rope_theta, cfg.rope_scaling)
     if (saved.rope_theta, saved.rope_scaling) != ours:
-        yarn = saved.rope_scaling
-        hint = (
-            f"--config.model.yarn.factor={yarn.factor} "
-            f"--config.model.yarn.original_max_position_embeddings="
-            f"{yarn.original_max_position_embeddings} (and its mscale settings)"
-            if yarn
-            else "--config.model.yarn.factor=0."
-        )
+        yarn, yarn_fields = saved.rope_scaling, list(config.model.yarn)
+        hint = "--config.model.yarn.factor=0."
+        if yarn:
+            hint = " ".join(f"--config.model.yarn.{k}={getattr(yarn, k)}" for k in yarn_fields)
         raise ConfigError(
             f"config.model.yarn / rope_theta: config.init_from={config.init_from!r} was trained "
             f"with rope_theta={saved.rope_theta}, YaRN {yarn}; this config runs it with "
