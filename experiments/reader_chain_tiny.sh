@@ -17,13 +17,15 @@
 #   3 (recall + copy)       recall values ~0.6 without a system turn, ~0 behind one
 #   4 (agent SFT + recall)  recall values behind the agent system prompt ~0.4
 #   5 (the wide level)      held-out operation / constant digits ~0.95 at 300-400 steps
-# Status: run end to end once (2026-12-04, 2 h 15 min), it did NOT give a reading policy: probes
+# Status: run end to end once with stage 1 as one 1,500-step cosine (2026-12-04, 2 h 15 min), it
+# did NOT give a reading policy: probes
 # 2: chat 0.90 / 0.90; 3: recall 0.64 without a system turn, 0.04 behind it; 4: behind the
 # prompt 0.13 (0.41 before), wide operation / digits 0.28 / 0.04; the step-300 policy 0.28 / 0.05
 # (chance 1/3, ~1/10; 0.78 / 0.99 before). Stages 2-5 are the commands of the chain that gave the
-# measured RL gain; what differs is stage 1 (that chain: 1,790 steps, a 1,000-step cosine at lr
+# measured RL gain; what differed is stage 1 (that chain: 1,790 steps, a 1,000-step cosine at lr
 # 3e-3 then resumed under a 2,500-step one; recall stage's chat probe 0.98 against 0.89 here) and
-# the draw of one run. The script ends by checking that the policy reads (exit 1 if not).
+# the draw of one run; stage 1 is now as that chain had it, not yet run end to end this way.
+# The script ends by checking that the policy reads (exit 1 if not).
 # Runtime: ~2-2.5 h on the 2-core reference machine with nothing else running (steps of
 # 0.85-1.1 s in stages 1-3, 1.25-1.4 s in 4-5). Every stage runs without YaRN (factor 0).
 set -euo pipefail
@@ -47,8 +49,11 @@ probe() {  # NAME POLICY ARGS...: the copying probes of POLICY (a workdir or hf:
 }
 
 # 1. Copy the prompt's strings in order, from scratch: copying by offset (the plateau breaks
-#    after ~1,000 steps).
-stage 1_copy_ordered sft_copy_tiny.py "" --config.data.corpus=copy:ordered --config.train.steps=1500
+#    after ~1,000 steps). As the chain that read had it: a 1,000-step cosine, then the same
+#    workdir resumed under a 2,500-step cosine to step 1,790.
+stage 1_copy_ordered sft_copy_tiny.py "" --config.data.corpus=copy:ordered --config.train.steps=1000
+stage 1_copy_ordered sft_copy_tiny.py "" --config.data.corpus=copy:ordered \
+  --config.train.steps=2500 --config.train.stop_at=1790
 # 2. The strings shuffled: copying by content (an induction head).
 stage 2_copy sft_copy_tiny.py 1_copy_ordered --config.train.steps=2500
 probe 2_copy "$DIR/2_copy" --chat
