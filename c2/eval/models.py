@@ -128,10 +128,10 @@ def _hf_tokenizer_spec(path: Path) -> str:
 
 def export_stage(workdir: str | Path, dst: str | Path, step: int | None = None) -> LoadedModel:
     """A stage (or pipeline) workdir's newest weights (or those after `step` steps) as a Hugging
-    Face directory that
-    `load_model("hf:DST")` and `config.init_from="hf:DST"` read: config.json + safetensors
-    (exact, in the parameters' dtype), and the stage's tokenizer (its tokenizer.json, or
-    `"c2_tokenizer": "byte"` in config.json for the byte tokenizer). Returns what it exported."""
+    Face directory that `load_model("hf:DST")` and `config.init_from="hf:DST"` read: config.json
+    + safetensors (exact, in the parameters' dtype), and the stage's tokenizer (its
+    tokenizer.json, or `"c2_tokenizer": "byte"` in config.json for the byte tokenizer). Returns
+    what it exported."""
     from c2.model.hf import export_hf_checkpoint
 
     model = load_model(str(workdir), step)

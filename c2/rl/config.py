@@ -313,24 +313,19 @@ def adopt_init_positions(config: ml_collections.ConfigDict) -> None:
 def _init_model_config(config: ml_collections.ConfigDict):
     """The ModelConfig `config.init_from` (a stage workdir or hf:DIR) was trained with, or None."""
     init = config.init_from
-    hf = init.startswith("hf:")
-    saved = Path(init[3:] if hf else init) / "config.json"
-    if not saved.is_file():
-        return None
-    d = json.loads(saved.read_text())
-    if hf:
+    if init.startswith("hf:"):
+        saved = Path(init[3:]) / "config.json"
+        if not saved.is_file():
+            return None
         from c2.model.hf_config import config_from_hf
 
-        return config_from_hf(d, strict=False)
-    if "model" not in d:  # a pipeline workdir: not a stage's weights
-        return None
-    theirs = copy.deepcopy(_without_rl(config))
-    m = d["model"]
+        return config_from_hf(json.loads(saved.read_text()), strict=False)
+    from c2.eval.models import stage_config  # the saved config, with fields added since at defaults
+
     try:
-        theirs.model.preset = m["preset"]
-        theirs.model.overrides = ml_collections.ConfigDict(m.get("overrides", {}))
-        for key, value in m.get("yarn", {}).items():
-            theirs.model.yarn[key] = value
+        stage_dir, theirs = stage_config(init)
+        if stage_dir != Path(init):  # a pipeline workdir: not a stage's weights
+            return None
         return lm.model_config(theirs)
-    except (KeyError, TypeError, ConfigError):
+    except (FileNotFoundError, ConfigError):
         return None
