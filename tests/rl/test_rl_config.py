@@ -72,10 +72,12 @@ def test_positions_must_be_the_ones_the_start_policy_was_trained_with(tmp_path):
     """A policy trained without YaRN and played with it (or the reverse) is refused, naming the
     setting to use, for a stage workdir and for an hf: directory alike."""
     config = load_config(EXPERIMENTS / "rl_tiny.py")
+    for key, value in load_config(EXPERIMENTS / "sft_agent_tiny.py").model.yarn.items():
+        config.model.yarn[key] = value  # the main job's agent SFT: YaRN 8x over 128 positions
     _, cfg, _, _ = validate_rl(config, num_devices=1, load_files=False)
     trained = stage_defaults()
     trained.model.preset = config.model.preset
-    for key, value in config.model.yarn.items():  # rl_tiny's YaRN: 8x over 128 positions
+    for key, value in config.model.yarn.items():
         trained.model.yarn[key] = value
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "config.json").write_text(trained.to_json())
