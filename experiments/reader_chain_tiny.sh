@@ -24,7 +24,10 @@
 # (chance 1/3, ~1/10; 0.78 / 0.99 before). Stages 2-5 are the commands of the chain that gave the
 # measured RL gain; what differed is stage 1 (that chain: 1,790 steps, a 1,000-step cosine at lr
 # 3e-3 then resumed under a 2,500-step one; recall stage's chat probe 0.98 against 0.89 here) and
-# the draw of one run; stage 1 is now as that chain had it, not yet run end to end this way.
+# the draw of one run. Run again with stage 1 as that chain had it (2026-12-04, fourth session):
+# 2: 0.96 / 0.95; 3: recall 0.60 / 0.04, chat 0.95 (a stronger copy than the old chain's);
+# 4: behind the prompt 0.11 at 600 steps (0.32 there before), and 0.12 at 1,200 with
+# sft_agent_tiny.py's YaRN 8x instead; stage 5 from that, step 300: 0.28 / 0.05. Stage 4 fails.
 # The script ends by checking that the policy reads (exit 1 if not).
 # Runtime: ~2-2.5 h on the 2-core reference machine with nothing else running (steps of
 # 0.85-1.1 s in stages 1-3, 1.25-1.4 s in 4-5). Every stage runs without YaRN (factor 0).

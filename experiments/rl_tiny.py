@@ -23,7 +23,8 @@ policy came from this chain (each a `python -m c2.main` run, ~2-3.5 hours on 2 c
 --config.model.yarn.factor=0. throughout, and for this stage); `bash
 experiments/reader_chain_tiny.sh DIR` runs it and exports the policy to hf:DIR/policy, checking
 that it reads; run end to end with stage 1 as one 1,500-step cosine (2026-12-04) its policy did
-not (0.28 / 0.05 at step 300: stage 4's recall behind the prompt came to 0.13, not 0.41).
+not (0.28 / 0.05 at step 300: stage 4's recall behind the prompt came to 0.13, not 0.41), nor
+with stage 1 as below (stage 4 at 0.11-0.12, with or without YaRN; BENCHMARKS.md, issue 16).
 Shortening stage 2 to 1,200 steps loses it as well (wide-level operation / digits 0.43 / 0.13
 after stage 5's 800 steps; BENCHMARKS.md, issue 16):
   1. experiments/sft_copy_tiny.py from scratch, --config.data.corpus=copy:ordered (strings
