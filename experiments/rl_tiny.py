@@ -17,15 +17,15 @@ Command (after experiments/sft_agent_tiny.py has run into runs/sft_agent_tiny):
 Runtime: 13.4 minutes on the 2-core reference machine with nothing else running (36 steps at
 ~17 s, generation overlapping the updates; two held-out evaluations of 400 episodes).
 Measured (2026-12-03, BENCHMARKS.md "RL stage"): held-out pass@1 0.41 -> 0.63, **+0.22 [+0.16,
-+0.28]** (paired, 95%), best-of-4 0.75 -> 0.90; a replicate (--config.rl.task_seed=3) +0.08
-[+0.01, +0.15], best-of-4 -0.02; from a policy that partly reads its task. That
-policy came from this chain (each a `python -m c2.main` run, ~2-3.5 hours on 2 cores in all;
---config.model.yarn.factor=0. throughout, and for this stage); `bash
-experiments/reader_chain_tiny.sh DIR` runs it and exports the policy to hf:DIR/policy, checking
-that it reads; run end to end with stage 1 as one 1,500-step cosine (2026-12-04) its policy did
-not (0.28 / 0.05 at step 300: stage 4's recall behind the prompt came to 0.13, not 0.41), nor
-with stage 1 as below (stage 4 at 0.11-0.12, with or without YaRN; BENCHMARKS.md, issue 16).
-Shortening stage 2 to 1,200 steps loses it as well (wide-level operation / digits 0.43 / 0.13
++0.28]** (paired, 95%), best-of-4 0.75 -> 0.90; a replicate (--config.rl.task_seed=3) +0.08 [+0.01,
++0.15], best-of-4 -0.02; from a policy that partly reads its task. That policy came from this chain
+(each a `python -m c2.main` run, ~2-3.5 hours on 2 cores in all; no YaRN in stages 1-3 and 5, nor
+for this stage; stage 4's recorded command does not say, and rerun with YaRN 8x it fails too);
+`bash experiments/reader_chain_tiny.sh DIR` runs it and exports the policy to hf:DIR/policy,
+checking that it reads; run end to end with stage 1 as one 1,500-step cosine (2026-12-04) its
+policy did not (0.28 / 0.05 at step 300: stage 4's recall behind the prompt came to 0.13, not
+0.41), nor with stage 1 as below (stage 4 at 0.11-0.12, with or without YaRN; BENCHMARKS.md, issue
+16). Shortening stage 2 to 1,200 steps loses it as well (wide-level operation / digits 0.43 / 0.13
 after stage 5's 800 steps; BENCHMARKS.md, issue 16):
   1. experiments/sft_copy_tiny.py from scratch, --config.data.corpus=copy:ordered (strings
      repeated in order), 1,790 steps (its schedule: BENCHMARKS.md, issue 16; 1,500 steps of one
