@@ -278,7 +278,7 @@ def test_hostile_episode_is_graded_as_failure_with_reason(sandbox, tmp_path):
     assert g.correctness["f2p_passed"] == 1 and g.correctness["p2p_passed"] == 1
     assert not g.passed
     hit = set(g.interaction["sandbox_limits_hit"])
-    assert "output" in hit  # yes
+    assert "output" in hit
     # The busy loop: its 3 s of CPU time and of wall time run out together, and which limit is
     # noticed first depends on the load (a starved monitor sees SIGXCPU first).
     assert hit & {"wall_time", "cpu"}
