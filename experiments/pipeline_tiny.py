@@ -22,8 +22,9 @@ Expected: (measured) held-out bits per byte 8.4 untrained -> 3.2 after stage 1; 
 bits per byte 2.9 -> 2.8; MTP acceptance ~0.7. Agent SFT (the wide level of the function tasks)
 learns the tool-call format, but from this stage-1 model not to read the instruction (held-out
 operation and constant at chance), so the RL stage has nothing to reinforce here; from a policy
-that reads, the same RL stage gains 8-22 points of held-out pass@1 in 13 minutes
-(experiments/rl_tiny.py has the chain that makes one; BENCHMARKS.md, "RL stage").
+that reads, the same RL stage gained 4-22 points of held-out pass@1 in 10-13 minutes
+(experiments/rl_tiny.py starts from one, experiments/policies/reader_tiny; BENCHMARKS.md, "RL
+stage").
 
 `config.train.steps` sets stage 1's steps; the extension gets 1/12 and SFT 1/5 of them;
 `config.train.checkpoint_every` applies to every stage but RL (which checkpoints every 6 steps);

@@ -1,36 +1,32 @@
 #!/usr/bin/env bash
 # The SFT chain that makes the RL stage's start policy: a tiny model that reads its task (the
 # constant and operation in a function task's instruction). The main job's own SFT does not give
-# one (experiments/rl_tiny.py's docstring; BENCHMARKS.md, issue 16 and "RL stage").
+# one (experiments/rl_tiny.py's docstring; BENCHMARKS.md, issue 16 and "RL stage"). Its output is
+# shipped as experiments/policies/reader_tiny (the README there has its probes), which
+# experiments/rl_tiny.py starts from: run this to make it again or to change the chain.
 #
 #   bash experiments/reader_chain_tiny.sh [DIR]          (default DIR: runs/reader_tiny)
 #
-# Five `python -m c2.main` stages into DIR/1_copy_ordered ... DIR/5_wide, each from the last, then
+# Six `python -m c2.main` stages into DIR/1_copy_ordered ... DIR/5_wide, each from the last, then
 # the policy exported to DIR/policy (step 300 of stage 5, an exact hf: directory), ready for
 #   python -m c2.main --config=experiments/rl_tiny.py --workdir=DIR/rl \
-#       --config.init_from=hf:DIR/policy --config.model.yarn.factor=0.
+#       --config.init_from=hf:DIR/policy
 # Killed at any point, the same command resumes: every stage resumes its workdir, a finished one
 # only re-runs its probe. Each stage's probe (`python -m c2.eval.copying`, seconds) goes to
-# DIR/N_*.probe; what the stages gave before (BENCHMARKS.md, issue 16):
-#   2 (shuffled copy)       chat copy in order / reversed ~0.9 at 2,500 steps (0.71 at 1,200 is
-#                           too little: stages 3-5 from it never read, 2026-12-04)
-#   3 (recall + copy)       recall values ~0.6 without a system turn, ~0 behind one
-#   4 (agent SFT + recall)  recall values behind the agent system prompt ~0.4
-#   5 (the wide level)      held-out operation / constant digits ~0.95 at 300-400 steps
-# Status: run end to end once with stage 1 as one 1,500-step cosine (2026-12-04, 2 h 15 min), it
-# did NOT give a reading policy: probes
-# 2: chat 0.90 / 0.90; 3: recall 0.64 without a system turn, 0.04 behind it; 4: behind the
-# prompt 0.13 (0.41 before), wide operation / digits 0.28 / 0.04; the step-300 policy 0.28 / 0.05
-# (chance 1/3, ~1/10; 0.78 / 0.99 before). Stages 2-5 are the commands of the chain that gave the
-# measured RL gain; what differed is stage 1 (that chain: 1,790 steps, a 1,000-step cosine at lr
-# 3e-3 then resumed under a 2,500-step one; recall stage's chat probe 0.98 against 0.89 here) and
-# the draw of one run. Run again with stage 1 as that chain had it (2026-12-04, fourth session):
-# 2: 0.96 / 0.95; 3: recall 0.60 / 0.04, chat 0.95 (a stronger copy than the old chain's);
-# 4: behind the prompt 0.11 at 600 steps (0.32 there before), and 0.12 at 1,200 with
-# sft_agent_tiny.py's YaRN 8x instead; stage 5 from that, step 300: 0.28 / 0.05. Stage 4 fails.
+# DIR/N_*.probe; what they gave (2026-12-04, runs/reader_tiny3; BENCHMARKS.md, issue 16):
+#   2  (shuffled copy)       chat copy in order / reversed 0.956 / 0.951
+#   3  (recall + copy)       recall values / keys 0.60 / 0.95 without a system turn, 0.00 / 0.00
+#                            behind a one-character one: the copy is gated on its absence
+#   3b (random system turns) behind the whole agent system prompt 0.34 / 0.57
+#   4  (agent SFT + recall)  behind the agent system prompt 0.58 / 0.90 at step 300
+#   5  (the wide level)      held-out operation / constant digits 0.65 / 1.00 at step 300
+# Without stage 3b (the chain before 2026-12-04's fifth session), stage 4 had to make the copy
+# work behind the system prompt, and did so once in nine runs and variants (0.41; 0.07-0.15 in
+# the others), so the policy read its task once. The chain is deterministic on one machine
+# (stages 2-3 gave the same probes to the third decimal in two runs).
 # The script ends by checking that the policy reads (exit 1 if not).
-# Runtime: ~2-2.5 h on the 2-core reference machine with nothing else running (steps of
-# 0.85-1.1 s in stages 1-3, 1.25-1.4 s in 4-5). Every stage runs without YaRN (factor 0).
+# Runtime: ~2 h on the 2-core reference machine with nothing else running (steps of
+# 0.85-1.1 s in stages 1-3b, 1.1-1.4 s in 4-5). Every stage runs without YaRN (factor 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${1:-runs/reader_tiny}
@@ -64,12 +60,20 @@ probe 2_copy "$DIR/2_copy" --chat
 stage 3_recall sft_copy_tiny.py 2_copy --config.data.corpus=recall+copy:20000 \
   --config.train.steps=1500
 probe 3_recall "$DIR/3_recall" --chat --recall --recall_system 0,all
-# 4. The agent format (basic function tasks) with recall and copy behind its system prompt.
-stage 4_agent sft_agent_tiny.py 3_recall \
-  --config.data.corpus=functions:basic+functions:basic+recall:12000:agent+copy:4000:agent \
+# 3b. The same examples behind random system turns (experiments/system_turns.py): the copy of
+#    stage 3 is switched off by any system turn at all (one character of one: recall 0.60 ->
+#    0.00), and this moves it behind the whole agent system prompt (keys 0.01 -> 0.57).
+"$PY" experiments/system_turns.py "$DIR/system_turns.jsonl"
+stage 3b_system_turns sft_copy_tiny.py 3_recall --config.data.corpus="$DIR/system_turns.jsonl" \
+  --config.train.steps=600 --config.train.checkpoint_every=150
+probe 3b_system_turns "$DIR/3b_system_turns" --chat --recall --recall_system 0,1,100,all
+# 4. The agent format (basic function tasks) with recall and copy behind its system prompt, and
+#    3b's examples kept in the mixture.
+stage 4_agent sft_agent_tiny.py 3b_system_turns \
+  --config.data.corpus=functions:basic+functions:basic+recall:12000:agent+copy:4000:agent+"$DIR/system_turns.jsonl" \
   --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=50 \
-  --config.train.steps=1200
-probe 4_agent "$DIR/4_agent" --recall --recall_system all --task wide
+  --config.train.steps=600 --config.train.stop_at=300
+probe 4_agent "$DIR/4_agent" --recall --recall_system 0,1,100,all --task wide
 # 5. The wide level (constants 1-99: only reading the instruction fits it); the RL start is
 #    step 300 of its 800-step schedule (held-out pass@1 0.41 at T = 1 before: later steps leave RL
 #    less to gain), so the stage stops there.

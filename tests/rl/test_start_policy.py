@@ -1,0 +1,63 @@
+"""The RL stage's shipped start policy (experiments/policies/reader_tiny) reads its task.
+
+experiments/rl_tiny.py starts from it by default: RL can only reinforce a policy whose answers
+depend on the task, so the property that matters is that it copies the operation and constant
+of held-out instructions (templates it never trained on) far above chance, teacher-forced.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from c2.eval.copying import model_logits_fn, task_reading_accuracy
+from c2.eval.models import load_model
+from c2.train.config import load_config
+
+ROOT = Path(__file__).parents[2]
+POLICY = ROOT / "experiments" / "policies" / "reader_tiny"
+
+
+def test_rl_tiny_starts_from_the_shipped_policy():
+    config = load_config(ROOT / "experiments" / "rl_tiny.py")
+    assert config.init_from == "hf:experiments/policies/reader_tiny"
+    assert config.model.yarn.factor == 0.0  # the chain trained without YaRN
+
+
+@pytest.fixture(scope="module")
+def reader():
+    return load_model(f"hf:{POLICY}")
+
+
+def test_the_policy_reads_held_out_instructions(reader):
+    r = task_reading_accuracy(model_logits_fn(reader), reader.tokenizer, "wide", prompts=40)
+    # Chance: 1/3 for the operation, ~1/10 a digit (a policy that ignores the instruction).
+    assert r["operation"] >= 0.55, r  # measured 0.650 (40 conversations)
+    assert r["constant"] >= 0.8, r  # measured 1.000
+
+
+def test_the_chain_s_system_turn_data():
+    """experiments/system_turns.py (stage 3b of the chain): stage 3's examples in order, each
+    with no system turn, a prefix of the agent system prompt or random text, seeded."""
+    import importlib.util
+
+    from c2.data.sft import copy_examples, recall_examples
+    from c2.envs.episode import compact_system_prompt
+
+    spec = importlib.util.spec_from_file_location(
+        "system_turns", ROOT / "experiments" / "system_turns.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    examples = module.system_turn_examples()
+    plain = recall_examples("recall:15000") + copy_examples("copy:5000")
+    assert [(e["prompt"], e["response"]) for e in examples] == [
+        (e["prompt"], e["response"]) for e in plain
+    ]
+    agent = compact_system_prompt()
+    systems = [e.get("system", "") for e in examples]
+    none = sum(not s for s in systems) / len(systems)
+    prefix = sum(bool(s) and agent.startswith(s) for s in systems) / len(systems)
+    assert abs(none - 1 / 4) < 0.02 and abs(prefix - 3 / 8) < 0.02, (none, prefix)
+    assert all(len(s) <= len(agent) for s in systems)
+    assert max(len(s) for s in systems) == len(agent)  # the whole prompt is among them
+    assert module.system_turn_examples() == examples  # the same file on every run
