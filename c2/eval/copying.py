@@ -10,7 +10,7 @@ not scores near chance (1/62 for the alphabet here), whatever its loss on ordina
     python -m c2.eval.copying --policy runs/main/sft [--gaps 0,200,600] [--strings 16]
         [--length 40] [--seed 0] [--chat [--chat_prompts 48]]
         [--recall [--recall_prompts 48] [--recall_system 0,all]]
-        [--task wide|basic [--task_prompts 40]]
+        [--task wide|basic [--task_prompts 40]] [--notes SPEC [--notes_segments 48]]
 
 Prints one line per gap and, with --out, writes {"policy", "gaps": {gap: accuracy}, ...}.
 
@@ -30,6 +30,9 @@ right with none and 0-3% behind any (BENCHMARKS.md, issue 16): the copy is tied 
 (`task_reading_accuracy`): teacher-forced on held-out oracle conversations, the operation and
 the constant's digits of its `return n <op> <c>`; the quick read of whether agent SFT has taught
 the policy to read its task (the RL stage's start needs it: experiments/rl_tiny.py).
+`--notes notes:fixed:4:80` adds the same for the notes tasks (`notes_reading_accuracy`): the
+digits of the values the policy's summaries and final write copy from the notes, teacher-forced
+on held-out oracle chain segments (the self-summary comparison needs a policy that copies them).
 Runtime: seconds for the tiny models.
 """
 
@@ -226,6 +229,87 @@ def task_reading_accuracy(
     return {name: hits[name] / total[name] for name in hits}
 
 
+def task_format_logprob(
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    tokenizer,
+    level: str = "wide",
+    prompts: int = 40,
+) -> dict[str, float]:
+    """{template: nats}: how sure the agent policy is of its first reply's form on each held-out
+    template of a generated function task level, teacher-forced on the first `prompts` held-out
+    oracle conversations: the mean log-probability per token of the reply's head, the tool
+    call's fixed text before the operation (`<tool_call>` ... `return n `). Near 0: the
+    instruction's wording leaves the call's form intact; well below (-0.19 for the shipped tiny
+    policy on "... it gives back n * 94.", -0.002 on "Make ... return n times 14."): a
+    phrasing it has not seen garbles its tool calls, whatever it would have read from the
+    task."""
+    from c2.data import sft
+    from c2.data.chat import AgentChat
+    from c2.envs import functions
+
+    if level not in ("basic", "wide"):
+        raise ValueError(f"level={level!r}: expected 'basic' or 'wide'")
+    count = (sft.BASIC_COUNTS if level == "basic" else sft.WIDE_COUNTS)["eval"]
+    tasks = functions.function_tasks(count, sft.FUNCTIONS_SEED, "eval", level)
+    if not 1 <= prompts <= len(tasks):
+        raise ValueError(f"prompts={prompts}: expected 1..{len(tasks)}")
+    chat, head = AgentChat(tokenizer), list(tokenizer.encode("return n "))
+    by_template: dict[str, list[float]] = {}
+    for t in tasks[:prompts]:
+        ids, mask = chat.conversation(functions.task_conversation(t))
+        ids = np.asarray(ids)
+        first = int(np.flatnonzero(mask)[0])
+        end = next(
+            i + len(head)
+            for i in range(first, len(ids) - len(head))
+            if list(ids[i : i + len(head)]) == head
+        )
+        logits = np.asarray(logits_fn(ids), np.float64)[first - 1 : end - 1]
+        top = logits.max(-1, keepdims=True)
+        logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        mean = float(logp[np.arange(end - first), ids[first:end]].mean())
+        by_template.setdefault(t.metadata["template"], []).append(mean)
+    return {name: float(np.mean(v)) for name, v in sorted(by_template.items())}
+
+
+def notes_reading_accuracy(
+    logits_fn: Callable[[np.ndarray], np.ndarray],
+    tokenizer,
+    spec: str = "notes:fixed:4:80",
+    segments: int = 48,
+) -> dict[str, float]:
+    """{"values", "digits"}: what the agent policy copies from the notes it read, teacher-forced
+    on the first `segments` held-out oracle chain segments of the notes tasks `spec`
+    (`c2.data.sft.notes_conversations`, rendered as RL plays them): the argmax accuracy on the
+    digits its replies write (the values in its summaries, "Found a = 28.", and in the final
+    `return n + 28 + ...`; every one is a note's value, read earlier in the segment or carried
+    in its summary), and `digits`, how many were scored. A policy that has the episode's form
+    but does not copy scores chance (~1/10)."""
+    from c2.data import sft
+    from c2.data.chat import AgentChat
+
+    examples = sft.notes_conversations(spec, "eval")
+    if not 1 <= segments <= len(examples):
+        raise ValueError(f"segments={segments}: expected 1..{len(examples)}")
+    chat = AgentChat(tokenizer)
+    digit_ids = {tokenizer.encode(d)[0] for d in "0123456789"}
+    if any(len(tokenizer.encode(d)) != 1 for d in "0123456789"):
+        raise ValueError("notes_reading_accuracy needs a tokenizer with a token per digit")
+    hits = total = 0
+    for e in examples[:segments]:
+        ids, mask = chat.conversation(e["messages"])
+        ids = np.asarray(ids)
+        scored = np.flatnonzero((np.asarray(mask) > 0) & np.isin(ids, list(digit_ids)))
+        if scored.size == 0:
+            continue
+        pred = np.asarray(logits_fn(ids)).argmax(-1)
+        hits += int((pred[scored - 1] == ids[scored]).sum())
+        total += int(scored.size)
+    if total == 0:
+        raise ValueError(f"no value digits in the first {segments} held-out segments of {spec!r}")
+    return {"values": hits / total, "digits": float(total)}
+
+
 def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
     """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
     so a few lengths compile)."""
@@ -267,6 +351,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="also what the policy copies from a function task's instruction, at this level",
     )
     p.add_argument("--task_prompts", type=int, default=40)
+    p.add_argument(
+        "--notes",
+        default=None,
+        help="also what the policy copies from the notes it read, on these notes tasks "
+        "(a notes spec, e.g. notes:fixed:4:80)",
+    )
+    p.add_argument("--notes_segments", type=int, default=48)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     recall_system = args.recall_system.split(",")
@@ -315,7 +406,20 @@ def main(argv: Sequence[str] | None = None) -> dict:
             f"{args.policy}: {args.task} function tasks, held out, teacher-forced: operation "
             f"{r['operation']:.3f}, constant's digits {r['constant']:.3f}, both {r['both']:.3f}"
         )
-        result["task"] = {"level": args.task, **r}
+        fmt = task_format_logprob(logits_fn, loaded.tokenizer, args.task, args.task_prompts)
+        print(
+            f"{args.policy}: {args.task} function tasks, held out: the first reply's fixed head, "
+            "mean log-probability per token by template: "
+            + ", ".join(f"{name} {v:.3f}" for name, v in fmt.items())
+        )
+        result["task"] = {"level": args.task, **r, "format": fmt}
+    if args.notes:
+        r = notes_reading_accuracy(logits_fn, loaded.tokenizer, args.notes, args.notes_segments)
+        print(
+            f"{args.policy}: {args.notes} chains, held out, teacher-forced: the values' digits "
+            f"{r['values']:.3f} (of {int(r['digits'])})"
+        )
+        result["notes"] = {"spec": args.notes, **r}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     return result

@@ -181,3 +181,48 @@ def test_the_task_probe_scores_reading_the_instruction_not_a_fixed_answer():
         copying.task_reading_accuracy(unigram, tok, "full")
     with pytest.raises(ValueError, match="prompts=0"):
         copying.task_reading_accuracy(unigram, tok, "wide", prompts=0)
+
+
+def test_the_notes_probe_scores_the_copied_values_digits():
+    from c2.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+
+    def oracle(ids: np.ndarray) -> np.ndarray:  # knows every next token
+        out = np.zeros((len(ids), V))
+        out[np.arange(len(ids) - 1), ids[1:]] = 1.0
+        return out
+
+    def twos(ids: np.ndarray) -> np.ndarray:  # the form, not the values: always "2"
+        out = np.zeros((len(ids), V))
+        out[:, ord("2")] = 1.0
+        return out
+
+    perfect = copying.notes_reading_accuracy(oracle, tok, "notes:fixed:4:80", segments=12)
+    assert perfect["values"] == 1.0 and perfect["digits"] >= 24  # >= one 2-digit value each
+    guess = copying.notes_reading_accuracy(twos, tok, "notes:fixed:4:80", segments=12)
+    assert guess["digits"] == perfect["digits"] and 0.02 < guess["values"] < 0.25
+    with pytest.raises(ValueError, match="segments=0"):
+        copying.notes_reading_accuracy(twos, tok, "notes:fixed:4:80", segments=0)
+
+
+def test_the_format_probe_tells_a_sure_reply_from_a_garbled_one_per_template():
+    from c2.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("byte")
+
+    def oracle(ids: np.ndarray) -> np.ndarray:
+        out = np.full((len(ids), V), -30.0)
+        out[np.arange(len(ids) - 1), ids[1:]] = 30.0
+        return out
+
+    def uniform(ids: np.ndarray) -> np.ndarray:
+        return np.zeros((len(ids), V))
+
+    sure = copying.task_format_logprob(oracle, tok, "wide", prompts=40)
+    assert set(sure) == {"make_words", "put_code", "should_words"}  # the held-out templates
+    assert all(-1e-6 < v <= 0.0 for v in sure.values())
+    lost = copying.task_format_logprob(uniform, tok, "wide", prompts=40)
+    np.testing.assert_allclose(list(lost.values()), -np.log(V), rtol=1e-9)
+    with pytest.raises(ValueError, match="prompts=0"):
+        copying.task_format_logprob(uniform, tok, "wide", prompts=0)
