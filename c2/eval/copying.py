@@ -291,15 +291,14 @@ def notes_reading_accuracy(
     examples = sft.notes_conversations(spec, "eval")
     if not 1 <= segments <= len(examples):
         raise ValueError(f"segments={segments}: expected 1..{len(examples)}")
-    chat = AgentChat(tokenizer)
-    digit_ids = {tokenizer.encode(d)[0] for d in "0123456789"}
     if any(len(tokenizer.encode(d)) != 1 for d in "0123456789"):
         raise ValueError("notes_reading_accuracy needs a tokenizer with a token per digit")
+    chat, digit_ids = AgentChat(tokenizer), [tokenizer.encode(d)[0] for d in "0123456789"]
     hits = total = 0
     for e in examples[:segments]:
         ids, mask = chat.conversation(e["messages"])
         ids = np.asarray(ids)
-        scored = np.flatnonzero((np.asarray(mask) > 0) & np.isin(ids, list(digit_ids)))
+        scored = np.flatnonzero((np.asarray(mask) > 0) & np.isin(ids, digit_ids))
         if scored.size == 0:
             continue
         pred = np.asarray(logits_fn(ids)).argmax(-1)
