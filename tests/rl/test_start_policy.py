@@ -61,3 +61,43 @@ def test_the_chain_s_system_turn_data():
     assert all(len(s) <= len(agent) for s in systems)
     assert max(len(s) for s in systems) == len(agent)  # the whole prompt is among them
     assert module.system_turn_examples() == examples  # the same file on every run
+
+
+def test_tool_recall_data_asks_for_lines_its_tool_response_holds():
+    """experiments/tool_recall.py: stage 3's recall examples played as agent conversations; the
+    reply recalls exactly the asked lines, every one of which the read_file response holds,
+    rendered as the notes tasks' chains render a read (and the same file on every run)."""
+    import importlib.util
+    import re
+
+    from c2.data.chat import AgentChat
+    from c2.data.sft import notes_conversations, recall_examples
+    from c2.data.tokenizer import load_tokenizer
+
+    spec = importlib.util.spec_from_file_location(
+        "tool_recall", ROOT / "experiments" / "tool_recall.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    examples = module.tool_recall_conversations(200)
+    plain = recall_examples("recall:200")
+    chat = AgentChat(load_tokenizer("byte"))
+    for e, p in zip(examples, plain, strict=True):
+        system, user, call, tool, reply = e["messages"]
+        asked = p["response"].split("\n")
+        assert reply["content"] == f"Found {', '.join(asked)}."
+        held = [line.split("\t", 1)[1] for line in tool["content"][0].split("\n")]
+        assert all(line in held for line in asked)  # every recalled value is there to copy
+        assert [x for x in held if " = " in x] == p["prompt"].split("\n")  # in the same order
+        assert re.fullmatch(r"Report [a-z, ]+ \(see notes/[a-j]\.txt\)\.\n", user["content"])
+        ids, mask = chat.conversation(e["messages"])
+        assert mask.sum() > 0
+    chain_call = next(
+        m["content"]
+        for m in notes_conversations("notes:fixed:4:80")[0]["messages"]
+        if m["role"] == "assistant"
+    )
+    assert re.sub(r"notes/\w\.txt", "X", chain_call) == re.sub(
+        r"notes/\w\.txt", "X", examples[0]["messages"][2]["content"]
+    )  # a read as the chains write it
+    assert module.tool_recall_conversations(200) == examples
