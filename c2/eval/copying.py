@@ -180,6 +180,15 @@ def recall_accuracy(
     return {name: hits[name] / total[name] for name in hits}
 
 
+def _after(ids, head: list[int], start: int) -> int:
+    """The index just past the first occurrence of `head` in `ids` at or after `start`."""
+    return next(
+        i + len(head)
+        for i in range(start, len(ids) - len(head))
+        if list(ids[i : i + len(head)]) == head
+    )
+
+
 def task_reading_accuracy(
     logits_fn: Callable[[np.ndarray], np.ndarray],
     tokenizer,
@@ -214,11 +223,7 @@ def task_reading_accuracy(
         if len(answer) != len(op) + 1 + len(const):
             raise ValueError("task_reading_accuracy needs a tokenizer with a token per character")
         first = int(np.flatnonzero(mask)[0])  # the first reply's first token
-        at = next(
-            i + len(head)
-            for i in range(first, len(ids) - len(head))
-            if list(ids[i : i + len(head)]) == head
-        )
+        at = _after(ids, head, first)
         pred = np.asarray(logits_fn(ids))[at - 1 : at - 1 + len(answer)].argmax(-1)
         right = pred == np.asarray(ids[at : at + len(answer)])
         hits["operation"] += int(right[0])
@@ -259,11 +264,7 @@ def task_format_logprob(
         ids, mask = chat.conversation(functions.task_conversation(t))
         ids = np.asarray(ids)
         first = int(np.flatnonzero(mask)[0])
-        end = next(
-            i + len(head)
-            for i in range(first, len(ids) - len(head))
-            if list(ids[i : i + len(head)]) == head
-        )
+        end = _after(ids, head, first)
         logits = np.asarray(logits_fn(ids), np.float64)[first - 1 : end - 1]
         top = logits.max(-1, keepdims=True)
         logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
