@@ -19,7 +19,10 @@
 #                            behind a one-character one: the copy is gated on its absence
 #   3b (random system turns) behind the whole agent system prompt 0.34 / 0.57
 #   4  (agent SFT + recall)  behind the agent system prompt 0.58 / 0.90 at step 300
-#   5  (the wide level)      held-out operation / constant digits 0.65 / 1.00 at step 300
+#   5  (the wide level,      held-out operation / constant digits 0.625 / 1.000 at step 300;
+#       reworded)            first reply's head -0.002 / -0.003 / -0.003 nats a token on the
+#                            three held-out templates (-0.002 / -0.194 / -0.033 without the
+#                            reworded tasks: "it gives back" garbled the call)
 # Without stage 3b (the chain before 2026-12-04's fifth session), stage 4 had to make the copy
 # work behind the system prompt, and did so once in nine runs and variants (0.41; 0.07-0.15 in
 # the others), so the policy read its task once. The chain is deterministic on one machine
@@ -74,10 +77,14 @@ stage 4_agent sft_agent_tiny.py 3b_system_turns \
   --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=50 \
   --config.train.steps=600 --config.train.stop_at=300
 probe 4_agent "$DIR/4_agent" --recall --recall_system 0,1,100,all --task wide
-# 5. The wide level (constants 1-99: only reading the instruction fits it); the RL start is
-#    step 300 of its 800-step schedule (held-out pass@1 0.41 at T = 1 before: later steps leave RL
-#    less to gain), so the stage stops there.
-stage 5_wide sft_agent_tiny.py 4_agent --config.data.corpus=functions:wide:20000 \
+# 5. The wide level (constants 1-99: only reading the instruction fits it), its train tasks
+#    both as the six train templates tell them and reworded in frames drawn from a grammar
+#    (experiments/reworded_tasks.py; none of the held-out frames' words), so that an unseen
+#    phrasing does not break the reply's form; the RL start is step 300 of its 800-step schedule
+#    (later steps leave RL less to gain), so the stage stops there.
+"$PY" experiments/reworded_tasks.py "$DIR/reworded.jsonl"
+stage 5_wide sft_agent_tiny.py 4_agent \
+  --config.data.corpus=functions:wide:20000+"$DIR/reworded.jsonl" \
   --config.data.batch_size=8 --config.optimizer.lr=1e-3 --config.optimizer.warmup_steps=30 \
   --config.train.steps=800 --config.train.stop_at=300
 "$PY" -m c2.eval.models export "$DIR/5_wide" "$DIR/policy" --step 300
@@ -85,9 +92,12 @@ probe policy "hf:$DIR/policy" --task wide --out "$DIR/policy.probe.json"
 "$PY" - "$DIR/policy.probe.json" <<'EOF'
 import json, sys
 t = json.load(open(sys.argv[1]))["task"]
-reads = t["operation"] >= 0.6 and t["constant"] >= 0.6  # the old step 300: 0.78 / 0.99
+reads = t["operation"] >= 0.55 and t["constant"] >= 0.6  # measured 0.625 / 1.000
 print(f"operation {t['operation']:.2f}, digits {t['constant']:.2f}: " + (
     "it reads its task" if reads else "it does NOT read its task (chance 1/3, ~1/10)"))
-sys.exit(0 if reads else 1)
+garbled = [k for k, v in t["format"].items() if v < -0.05]  # measured -0.002 to -0.003
+print("its calls keep their form on every held-out template" if not garbled else
+      f"its calls are garbled on held-out templates {garbled}: {t['format']}")
+sys.exit(0 if reads and not garbled else 1)
 EOF
 echo "$(date +%T) done: the RL start policy is hf:$DIR/policy"

@@ -244,8 +244,9 @@ def task_format_logprob(
     template of a generated function task level, teacher-forced on the first `prompts` held-out
     oracle conversations: the mean log-probability per token of the reply's head, the tool
     call's fixed text before the operation (`<tool_call>` ... `return n `). Near 0: the
-    instruction's wording leaves the call's form intact; well below (-0.19 for the shipped tiny
-    policy on "... it gives back n * 94.", -0.002 on "Make ... return n times 14."): a
+    instruction's wording leaves the call's form intact; well below (-0.19 for a tiny policy whose
+    agent SFT saw only the six train templates, on "... it gives back n * 94.", against -0.002
+    on "Make ... return n times 14."; -0.003 after reworded ones, experiments/reworded_tasks.py): a
     phrasing it has not seen garbles its tool calls, whatever it would have read from the
     task."""
     from c2.data import sft

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from c2.eval.copying import model_logits_fn, task_reading_accuracy
+from c2.eval.copying import model_logits_fn, task_format_logprob, task_reading_accuracy
 from c2.eval.models import load_model
 from c2.train.config import load_config
 
@@ -31,8 +31,16 @@ def reader():
 def test_the_policy_reads_held_out_instructions(reader):
     r = task_reading_accuracy(model_logits_fn(reader), reader.tokenizer, "wide", prompts=40)
     # Chance: 1/3 for the operation, ~1/10 a digit (a policy that ignores the instruction).
-    assert r["operation"] >= 0.55, r  # measured 0.650 (40 conversations)
+    assert r["operation"] >= 0.55, r  # measured 0.625 (40 conversations)
     assert r["constant"] >= 0.8, r  # measured 1.000
+
+
+def test_the_policy_keeps_its_call_s_form_on_every_held_out_template(reader):
+    """Stage 5's reworded tasks: no held-out phrasing garbles the first reply's tool call (the
+    policy before them: -0.194 nats a token on "... it gives back n * 94.")."""
+    f = task_format_logprob(model_logits_fn(reader), reader.tokenizer, "wide", prompts=40)
+    assert sorted(f) == ["make_words", "put_code", "should_words"]
+    assert all(v > -0.05 for v in f.values()), f  # measured -0.002 to -0.003
 
 
 def test_the_chain_s_system_turn_data():
@@ -101,3 +109,48 @@ def test_tool_recall_data_asks_for_lines_its_tool_response_holds():
         r"notes/\w\.txt", "X", examples[0]["messages"][2]["content"]
     )  # a read as the chains write it
     assert module.tool_recall_conversations(200) == examples
+
+
+def test_reworded_tasks_keep_the_task_and_never_use_a_held_out_frame():
+    """experiments/reworded_tasks.py: the wide level's train tasks, each told in a frame drawn
+    from a grammar; the operation and constant (as code or in words), function, file, tag and
+    the oracle's replies are the task's own, no held-out frame's words appear, every episode fits
+    a 512-token row, and the file is the same on every run."""
+    import importlib.util
+    import re
+
+    from c2.data.chat import AgentChat
+    from c2.data.sft import FUNCTIONS_SEED
+    from c2.data.tokenizer import load_tokenizer
+    from c2.envs import functions
+
+    spec = importlib.util.spec_from_file_location(
+        "reworded_tasks", ROOT / "experiments" / "reworded_tasks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    examples = module.reworded_conversations(300)
+    tasks = functions.function_tasks(300, FUNCTIONS_SEED, "train", "wide")
+    chat = AgentChat(load_tokenizer("byte"))
+    held_out = [t.frame.split("{")[0] for t in functions.templates("eval")]
+    instructions = set()
+    for e, t in zip(examples, tasks, strict=True):
+        original = functions.task_conversation(t)
+        user = e["messages"][1]["content"]
+        instructions.add(user)
+        assert [m for i, m in enumerate(e["messages"]) if i != 1] == [
+            m for i, m in enumerate(original) if i != 1
+        ]  # the same system turn, replies and tool output: only the instruction differs
+        m, op = t.metadata, functions.OPS[t.metadata["op"]]
+        spellings = [s.format(a=m["arg"], c=m["const"]) for s in (op.code, op.words)]
+        assert any(re.search(rf"{re.escape(s)}\b", user) for s in spellings), user
+        assert user.startswith(t.instruction.split("] ")[0] + "] ") and user.endswith("\n")
+        assert f"{m['function']}({m['arg']})" in user and m["file"] in user
+        assert not any(w in user for w in module.HELD_OUT_WORDS), user
+        assert not any(h and h in user for h in held_out), user
+        ids, mask = chat.conversation(e["messages"])
+        assert len(ids) <= 512 and mask.sum() > 0
+    assert len(instructions) == len(examples)  # reworded, not one frame
+    frames = {re.sub(r"\[\w+\] |\d+", "", x) for x in instructions}
+    assert len(frames) > 200  # many frames, not the six train templates
+    assert module.reworded_conversations(300) == examples

@@ -1,0 +1,119 @@
+"""The wide level's agent SFT with its instructions reworded: a reader robust to the wording.
+
+The shipped reading policy (experiments/policies/reader_tiny) learnt stage 5 on the six train
+templates' sentence frames. Of the three held-out frames it plays two and garbles the third:
+"Put f(n) into f.py; it gives back n * 94." (27% of the RL stage's held-out samples) makes its
+tool call malformed (BENCHMARKS.md, "RL stage", 2026-12-05), so RL on the train templates cannot
+lift it. Here the train split's wide tasks are told in frames drawn from a small grammar (an
+opening, a way to say what the function gives, a politeness or a tag, in any combination),
+built from words none of the held-out frames uses: the held-out templates stay text never
+trained on, and the policy learns that the operation and constant, not the frame around them,
+decide its reply. (As experiments/system_turns.py randomised the system turn for stage 3b.)
+
+    python experiments/reworded_tasks.py OUT.jsonl [N]
+
+writes N (default 20,000) {"messages", "path"} lines (an SFT corpus: `--config.data.corpus=
+functions:wide:20000+OUT.jsonl` keeps the train templates too), the same file on every run. Each
+is the oracle episode (c2.envs.functions.task_conversation) of train-split wide task i with its
+instruction replaced; the task's operation, constant, function, file and tests are unchanged.
+"""
+
+import dataclasses
+import random
+import sys
+
+from c2.envs import functions
+
+OPENINGS = (
+    "Write {fa} in {file}",
+    "Create {file} with {fa}",
+    "Define {fa} in {file}",
+    "Implement {fa} in {file}",
+    "In {file}, add {fa}",
+    "{file} needs {fa}",
+    "Add {fa} to {file}",
+    "Code {fa} in {file}",
+    "Provide {fa} in {file}",
+    "Build {fa} inside {file}",
+    "Give {file} a function {fa}",
+    "Set up {fa} in {file}",
+    "Write a function {fa} in {file}",
+    "Edit {file} to define {fa}",
+    "We need {fa} in {file}",
+    "Have {file} define {fa}",
+    "{fa} goes in {file}",
+    "Add a helper {fa} to {file}",
+)
+CONNECTORS = (
+    ": return {spec}",
+    " that returns {spec}",
+    " returning {spec}",
+    ": it returns {spec}",
+    ", which gives {spec}",
+    ", which yields {spec}",
+    " to output {spec}",
+    " producing {spec}",
+    ": the result is {spec}",
+    "; it outputs {spec}",
+    " whose value is {spec}",
+    ", evaluating to {spec}",
+    "; result: {spec}",
+    " and have it return {spec}",
+    " so it yields {spec}",
+    "; the answer is {spec}",
+    " that hands over {spec}",
+    ", equal to {spec}",
+    " - output {spec}",
+    " with the value {spec}",
+)
+PREFIXES = ("", "", "", "Please: ", "Task: ", "Next, ", "Quick one: ", "Now ", "Hi! ")
+ENDINGS = (".", ".", ".", "!", ". Thanks.", ", please.", ". One line.", " :)")
+# The held-out frames' own words (c2/envs/functions.py TEMPLATES, split "eval"): never drawn.
+HELD_OUT_WORDS = ("Put", "into", "gives back", "Make", "should", "compute")
+INT_SPELLINGS = ("code", "words")
+
+
+def reworded_instruction(t: functions.FunctionTask, rng: random.Random) -> str:
+    """A new instruction for wide task `t`: the same tag, function, file and operation (as code
+    or in words, drawn), in a frame drawn from the grammar above."""
+    m = t.metadata
+    op = functions.OPS[m["op"]]
+    arg, c = m["arg"], m["const"]
+    spec = op.code if rng.choice(INT_SPELLINGS) == "code" else op.words
+    body = rng.choice(OPENINGS).format(fa=f"{m['function']}({arg})", file=m["file"])
+    body += rng.choice(CONNECTORS).format(spec=spec.format(a=arg, c=c))
+    prefix = rng.choice(PREFIXES)
+    if prefix not in ("", "Hi! "):
+        body = body[0].lower() + body[1:]
+    tag = t.instruction.split("] ", 1)[0] + "] "
+    return tag + prefix + body + rng.choice(ENDINGS)
+
+
+def reworded_conversations(n: int = 20_000, seed: int = 0) -> list[dict]:
+    """The oracle episodes of train-split wide tasks 0..n-1 (c2.data.sft's seed) with their
+    instructions reworded; an instruction that would make the episode too long for a 512-token
+    row (functions.MAX_EPISODE_BYTES) is drawn again."""
+    from c2.data.sft import FUNCTIONS_SEED
+
+    rng = random.Random(seed)
+    out = []
+    for t in functions.function_tasks(n, FUNCTIONS_SEED, "train", "wide"):
+        for _ in range(100):
+            new = dataclasses.replace(t, instruction=reworded_instruction(t, rng))
+            if functions.episode_bytes(new) <= functions.MAX_EPISODE_BYTES:
+                break
+        else:
+            raise RuntimeError(f"{t.task_id}: no reworded instruction fits a 512-token row")
+        out.append({"messages": functions.task_conversation(new), "path": f"reworded/{t.task_id}"})
+    return out
+
+
+if __name__ == "__main__":
+    import json
+
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: python experiments/reworded_tasks.py OUT.jsonl [N]")
+    n = int(sys.argv[2]) if len(sys.argv) == 3 else 20_000
+    with open(sys.argv[1], "w", encoding="utf-8") as f:
+        for record in reworded_conversations(n):
+            f.write(json.dumps(record) + "\n")
