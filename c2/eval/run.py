@@ -14,7 +14,8 @@ Harbor / Terminal-Bench tasks imported by `c2.envs.sources`.
 Writes, under OUT:
   episodes.jsonl    one line per finished episode (appended as each ends): the grade's four
                     dimensions (correctness, quality, efficiency, interaction), tokens, FLOPs, and
-                    the patch (a unified diff of the final workspace against the task's files)
+                    the patch (a unified diff of the final workspace against the task's files);
+                    for a model, its transcript (each segment's token ids decoded)
   results.json      per task and overall: pass@k for k = 1, 2, 4, ..., N (unbiased estimator,
                     c2.eval.passk.pass_at_k; overall = mean over tasks with a 95% interval),
                     best-of-N, the four dimensions, tokens and compute
@@ -316,6 +317,8 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
                 # Every id of the episode goes through the model once (KV cached).
                 "flops": flops_per_token * sum(x.length for x in s.chain),
                 "patch": patch,
+                # What the model read and wrote: each segment's ids decoded (specials as text).
+                "transcript": [chat.tokenizer.decode(x.tokens) for x in s.chain],
             }
         )
 

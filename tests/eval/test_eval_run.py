@@ -167,3 +167,7 @@ def test_a_c2_workdir_plays_on_the_engine(tmp_path, tasks, sandbox_ok, untrained
         (t, 0) for t in res["per_task"]
     )
     assert not (tmp_path / "out" / "work").exists()  # workspaces removed once diffed
+    for e in eps:  # the transcript: the one segment as the model read it, the task in it
+        (text,) = e["transcript"]
+        instruction = (tasks / e["task_id"] / "instruction.md").read_text()
+        assert "<|im_start|>system\n" in text and instruction in text
