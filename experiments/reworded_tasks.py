@@ -1,14 +1,15 @@
 """The wide level's agent SFT with its instructions reworded: a reader robust to the wording.
 
-The shipped reading policy (experiments/policies/reader_tiny) learnt stage 5 on the six train
-templates' sentence frames. Of the three held-out frames it plays two and garbles the third:
-"Put f(n) into f.py; it gives back n * 94." (27% of the RL stage's held-out samples) makes its
-tool call malformed (BENCHMARKS.md, "RL stage", 2026-12-05), so RL on the train templates cannot
-lift it. Here the train split's wide tasks are told in frames drawn from a small grammar (an
-opening, a way to say what the function gives, a politeness or a tag, in any combination),
-built from words none of the held-out frames uses: the held-out templates stay text never
-trained on, and the policy learns that the operation and constant, not the frame around them,
-decide its reply. (As experiments/system_turns.py randomised the system turn for stage 3b.)
+Stage 5 of the reading chain (experiments/reader_chain_tiny.sh) on the six train templates'
+sentence frames alone gave a policy that plays two of the three held-out frames and garbles the
+third: "Put f(n) into f.py; it gives back n * 94." (27% of the RL stage's held-out samples) made
+its tool call malformed (BENCHMARKS.md, "RL stage", 2026-12-05), and RL on the train templates
+cannot lift that. Here the train split's wide tasks are told in frames drawn from a small
+grammar (an opening, a way to say what the function gives, a prefix and an ending, in any
+combination), built from words none of the held-out frames uses: the held-out templates stay
+text never trained on, and the policy learns that the operation and constant, not the frame
+around them, decide its reply (as experiments/system_turns.py randomised the system turn for
+stage 3b). Stage 5 on both made the shipped policy, experiments/policies/reader_tiny.
 
     python experiments/reworded_tasks.py OUT.jsonl [N]
 
