@@ -23,6 +23,7 @@ import dataclasses
 import random
 import sys
 
+from c2.data.sft import FUNCTIONS_SEED, write_sft_jsonl
 from c2.envs import functions
 
 OPENINGS = (
@@ -94,8 +95,6 @@ def reworded_conversations(n: int = 20_000, seed: int = 0) -> list[dict]:
     """The oracle episodes of train-split wide tasks 0..n-1 (c2.data.sft's seed) with their
     instructions reworded; an instruction that would make the episode too long for a 512-token
     row (functions.MAX_EPISODE_BYTES) is drawn again."""
-    from c2.data.sft import FUNCTIONS_SEED
-
     rng = random.Random(seed)
     out = []
     for t in functions.function_tasks(n, FUNCTIONS_SEED, "train", "wide"):
@@ -110,11 +109,7 @@ def reworded_conversations(n: int = 20_000, seed: int = 0) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import json
-
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: python experiments/reworded_tasks.py OUT.jsonl [N]")
     n = int(sys.argv[2]) if len(sys.argv) == 3 else 20_000
-    with open(sys.argv[1], "w", encoding="utf-8") as f:
-        for record in reworded_conversations(n):
-            f.write(json.dumps(record) + "\n")
+    write_sft_jsonl(sys.argv[1], reworded_conversations(n))

@@ -15,12 +15,11 @@ writes the 20,000 examples as {"prompt", "response", "path", "system"?} lines (a
 `--config.data.corpus=OUT.jsonl`), the same file on every run (one seeded generator).
 """
 
-import json
 import random
 import string
 import sys
 
-from c2.data.sft import copy_examples, recall_examples
+from c2.data.sft import copy_examples, recall_examples, write_sft_jsonl
 from c2.envs.episode import compact_system_prompt
 
 ALPHABET = string.ascii_letters + string.digits + " \n.,:()_"
@@ -48,6 +47,4 @@ def system_turn_examples(seed: int = 0) -> list[dict[str, str]]:
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python experiments/system_turns.py OUT.jsonl")
-    with open(sys.argv[1], "w", encoding="utf-8") as f:
-        for record in system_turn_examples():
-            f.write(json.dumps(record) + "\n")
+    write_sft_jsonl(sys.argv[1], system_turn_examples())

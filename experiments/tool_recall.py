@@ -20,7 +20,7 @@ import json
 import random
 import sys
 
-from c2.data.sft import recall_examples
+from c2.data.sft import recall_examples, write_sft_jsonl
 from c2.envs.episode import compact_system_prompt
 from c2.envs.notes import FILLER
 
@@ -53,6 +53,4 @@ if __name__ == "__main__":
     if len(sys.argv) not in (2, 3):
         sys.exit("usage: python experiments/tool_recall.py OUT.jsonl [N]")
     n = int(sys.argv[2]) if len(sys.argv) == 3 else 20_000
-    with open(sys.argv[1], "w", encoding="utf-8") as f:
-        for record in tool_recall_conversations(n):
-            f.write(json.dumps(record) + "\n")
+    write_sft_jsonl(sys.argv[1], tool_recall_conversations(n))

@@ -228,6 +228,15 @@ def function_examples(
     return examples
 
 
+def write_sft_jsonl(path: str | os.PathLike, examples: Sequence[Mapping]) -> None:
+    """`examples` as the JSONL `load_sft_jsonl` reads (one object a line), written whole: to a
+    temporary file first, so `path` is never half-written."""
+    tmp = f"{os.fspath(path)}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(dict(e)) + "\n" for e in examples)
+    os.replace(tmp, path)
+
+
 def load_sft_jsonl(
     path: str, split: str = "all", heldout_fraction: float = 0.02
 ) -> list[dict[str, str]]:

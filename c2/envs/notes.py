@@ -32,7 +32,6 @@ reads, with the summary the model should write: SFT data for chains.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from collections.abc import Sequence
@@ -292,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         convs = chain_conversations(a.n, a.seed, a.split, a.files, a.note_chars, a.level)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text("".join(json.dumps(c) + "\n" for c in convs))
-        tmp.replace(out)  # never a half-written file under the name
+        from c2.data.sft import write_sft_jsonl  # the data package, only for this output
+
+        write_sft_jsonl(out, convs)  # never a half-written file under the name
         print(f"wrote {len(convs)} conversations of {a.n} tasks to {out}")
         return 0
     tasks = generate_notes_tasks(a.out, a.n, a.seed, a.split, a.files, a.note_chars, a.level)
