@@ -307,7 +307,7 @@ NOTES_COUNTS = {"train": 600, "eval": 64}  # tasks; each gives 2-5 segment conve
 
 
 def notes_conversations(spec: str, split: str = "train") -> list[dict]:
-    """ "notes[:full|fixed][:files[:note_chars]]": oracle chains of the notes tasks
+    """ "notes[:full|fixed|keyed][:files[:note_chars]]": oracle chains of the notes tasks
     (c2/envs/notes.py), each cut once so that writing a summary and going on from one are both
     learned; a conversation per segment."""
     from c2.envs import notes
@@ -445,6 +445,6 @@ def load_sft_examples(
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed]', 'copy[:N][:ordered][:agent]', "
-        "'recall[:N][:agent]' or a mixture 'A+B'"
+        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed|keyed]', "
+        "'copy[:N][:ordered][:agent]', 'recall[:N][:agent]' or a mixture 'A+B'"
     )

@@ -17,7 +17,11 @@ Splits share the function names and the task's shape; they differ in the keys (t
 trees; eval: numbers and animals) and the filler sentences, so an eval task is text of a kind
 never trained on. Level "fixed" (for tiny models, which do not learn to read names from an
 instruction) always names the notes a, b, c, ... and the function total: what changes is the
-values, which the agent must carry from the notes to its code (and across a cut).
+values, which the agent must carry from the notes to its code (and across a cut). Level "keyed"
+is "fixed" with each task's notes named by three random letters found nowhere else in its
+text ("... the values of qzv, hbk, wyo and jtd"): byte-level keys a, b, c also occur in every
+filler sentence, so the line a summary must copy from cannot be found by its key, while a
+keyed note's line can (the copy the reader policy learnt from its recall data).
 Deterministic by seed: task i of (seed, split, level) comes from
 random.Random(f"notes:{seed}:{split}:{i}:{level}").
 
@@ -25,13 +29,14 @@ random.Random(f"notes:{seed}:{split}:{i}:{level}").
 reads, with the summary the model should write: SFT data for chains.
 
     python -m c2.envs.notes --out DIR --n N --seed S --split train|eval [--files 3 --note_chars 320
-        --level full|fixed]
+        --level full|fixed|keyed]
     python -m c2.envs.notes --chains --out FILE.jsonl --n N ...   (their oracle chains: SFT data)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import sys
 from collections.abc import Sequence
@@ -66,23 +71,24 @@ FILLER = {
     ),
 }
 FUNCTIONS = ("total", "combine", "tally", "merge_sum")
-LEVELS = ("full", "fixed")
+LEVELS = ("full", "fixed", "keyed")
+
 TEST_TIMEOUT_S = 10
 
 
 def parse_spec(spec: str) -> tuple[str, int, int]:
-    """ "notes[:full|fixed][:files[:note_chars]]" -> (level, files, note_chars); a ValueError
+    """ "notes[:full|fixed|keyed][:files[:note_chars]]" -> (level, files, note_chars); a ValueError
     naming what is wrong."""
     kind, _, rest = spec.partition(":")
     if kind != "notes":
-        raise ValueError(f"{spec!r}: expected 'notes[:full|fixed][:files[:note_chars]]'")
+        raise ValueError(f"{spec!r}: expected 'notes[:full|fixed|keyed][:files[:note_chars]]'")
     parts = rest.split(":") if rest else []
     level = parts.pop(0) if parts and parts[0] in LEVELS else "full"
     try:
         given = [int(x) for x in parts]
     except ValueError:
         raise ValueError(
-            f"{spec!r}: expected 'notes[:full|fixed][:files[:note_chars]]' (integers)"
+            f"{spec!r}: expected 'notes[:full|fixed|keyed][:files[:note_chars]]' (integers)"
         ) from None
     if len(given) > 2:
         raise ValueError(f"{spec!r}: expected at most two numbers (files, note_chars)")
@@ -98,6 +104,35 @@ def _note(key: str, value: int, split: str, chars: int, rng: random.Random) -> s
         lines.append(rng.choice(FILLER[split]))
     lines.insert(rng.randrange(len(lines) + 1), f"{key} = {value}")
     return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def _fixed_text() -> str:
+    """Every episode text of the notes tasks that is not a key or a value, lower case."""
+    from c2.rl.episodes import SUMMARY_INSTRUCTION, segment_head
+
+    instruction = "Write total(n) in total.py: return n plus the values of and (see notes/)."
+    summary = summary_text({"keys": ["k"], "values": [1], "file": "total.py"}, 0)
+    parts = [*FILLER["train"], *FILLER["eval"], compact_system_prompt(), SUMMARY_INSTRUCTION]
+    calls = [
+        tool_call("read_file", path="notes/.txt"),
+        tool_call("write_file", path="total.py", content="def total(n):\n    return n + 1\n"),
+        tool_call("submit", message="Added total."),
+    ]
+    parts += [segment_head(instruction), summary, *calls, "system", "user", "assistant"]
+    return "\n".join(parts).lower()
+
+
+def _random_keys(rng: random.Random, n: int) -> list[str]:
+    """n distinct three-letter keys found nowhere in the text around them (filler, instruction,
+    prompts, summaries): a key occurs in an episode only where it names its note."""
+    keys: list[str] = []
+    text = _fixed_text()
+    while len(keys) < n:
+        k = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(3))
+        if k not in text and k not in keys:
+            keys.append(k)
+    return keys
 
 
 def _tests_source(module: str, function: str, calls: list[tuple[int, int]]) -> str:
@@ -118,7 +153,12 @@ def notes_task(
     if note_chars < 40:
         raise ValueError(f"note_chars={note_chars}: expected >= 40")
     rng = random.Random(f"notes:{seed}:{split}:{index}:{level}")
-    keys = rng.sample(KEYS[split], files) if level == "full" else list("abcdefghij"[:files])
+    if level == "full":
+        keys = rng.sample(KEYS[split], files)
+    elif level == "keyed":
+        keys = _random_keys(rng, files)
+    else:
+        keys = list("abcdefghij"[:files])
     values = [rng.randrange(2, 50) for _ in keys]
     f = rng.choice(FUNCTIONS) if level == "full" else "total"
     named = ", ".join(keys[:-1]) + (" and " if files > 1 else "") + keys[-1]
@@ -128,7 +168,8 @@ def notes_task(
     }
     source = f"def {f}(n):\n    return n + {' + '.join(str(v) for v in values)}\n"
     calls = [(x, x + sum(values)) for x in rng.sample(range(-20, 100), 3)]
-    task_id = f"notes{'' if level == 'full' else 'x'}-{split}-s{seed}-{index:05d}"
+    tag = {"full": "", "fixed": "x", "keyed": "k"}[level]
+    task_id = f"notes{tag}-{split}-s{seed}-{index:05d}"
     metadata = {
         "task_id": task_id,
         "source": "notes",

@@ -84,7 +84,7 @@ def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) ->
         want = {"n": n, "seed": seed, "level": level}
         make = lambda out: generate_function_tasks(out, n, seed, split, level)  # noqa: E731
         return _generated(workdir / "tasks" / split, want, make)
-    if kind == "notes":  # notes[:full|fixed][:files[:note_chars]]
+    if kind == "notes":  # notes[:full|fixed|keyed][:files[:note_chars]]
         from c2.envs.notes import generate_notes_tasks, parse_spec
 
         try:
@@ -98,7 +98,7 @@ def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) ->
     if not path.is_dir():
         raise ConfigError(
             f"config.rl.tasks={spec!r}: expected 'functions[:full|basic|wide]', "
-            "'notes[:full|fixed][:files[:note_chars]]' or a task directory"
+            "'notes[:full|fixed|keyed][:files[:note_chars]]' or a task directory"
         )
     tasks = load_tasks(path)
     key = lambda t: hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()  # noqa: E731

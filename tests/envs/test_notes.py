@@ -38,6 +38,37 @@ def test_deterministic_and_splits_apart():
         notes_task(0, "test", 0)
 
 
+def test_keyed_level_keys_occur_only_where_they_name_their_note():
+    """Level "keyed": three random letters per note, found nowhere else in the episode's text
+    (so a summary's copy can find a value by its key), the fixed level's shape otherwise."""
+    from c2.envs.notes import parse_spec
+
+    assert parse_spec("notes:keyed:4:80") == ("keyed", 4, 80)
+    chat = AgentChat(ByteTokenizer())
+    seen = set()
+    for split in ("train", "eval"):
+        for i in range(40):
+            t = notes_task(1, split, i, 4, 80, "keyed")
+            keys, values = t["metadata"]["keys"], t["metadata"]["values"]
+            assert t == notes_task(1, split, i, 4, 80, "keyed")
+            assert t["metadata"]["task_id"] == f"notesk-{split}-s1-{i:05d}"
+            assert len(set(keys)) == 4 and all(len(k) == 3 and k.isalpha() for k in keys)
+            assert t["instruction"] == (
+                f"Write total(n) in total.py: return n plus the values of {keys[0]}, {keys[1]}, "
+                f"{keys[2]} and {keys[3]} (see notes/)."
+            )
+            assert t["solution"]["total.py"].endswith(f"n + {' + '.join(map(str, values))}\n")
+            for cuts in ((), (2,), (1, 3)):
+                for segment in oracle_chain(t, cuts, submit_with_write=True):
+                    ids = chat.conversation(segment)[0]  # special ids are no text: dropped
+                    text = chat.tokenizer.decode([i for i in ids if i < 256])
+                    for k in keys:  # the task, its note's path and line, summaries, nothing else
+                        want = text.count(f"{k},") + text.count(f"{k} ") + text.count(f"{k}.txt")
+                        assert text.count(k) == want, (k, text)
+            seen.update(keys)
+    assert len(seen) > 250  # drawn per task, not from a list
+
+
 def test_oracle_passes_noop_fails_and_reads_match_the_tool(tmp_path, sandbox: Sandbox):
     tasks = generate_notes_tasks(tmp_path / "tasks", 3, 0, "eval")
     for task in tasks:
