@@ -62,9 +62,11 @@ def get_config(arg=None):
     # The RL stage plays the agent-SFT model it starts from, so with its positions (YaRN 8x).
     for key, value in c.stages.sft_agent.model.yarn.items():
         c.stages.rl.model.yarn[key] = value
-    # The job's own agent-SFT model does not read its task (see Expected above): 36 RL steps show
-    # the stage's curves without the 60 that experiments/rl_tiny.py takes for its measured gain.
+    # The job's own agent-SFT model does not read its task (see Expected above): 36 RL steps, no
+    # warmup, show the stage's curves without the 76 that experiments/rl_tiny.py takes for its
+    # measured gain.
     c.stages.rl.train.steps = 36
+    c.stages.rl.optimizer.warmup_steps = 0
     c.eval = eval_defaults()
     c.eval.short_batches, c.eval.long_batches = 4, 2  # 8,192 held-out tokens at either length
 
