@@ -20,8 +20,8 @@ instruction) always names the notes a, b, c, ... and the function total: what ch
 values, which the agent must carry from the notes to its code (and across a cut). Level "keyed"
 is "fixed" with each task's notes named by three random letters found nowhere else in its
 text ("... the values of qzv, hbk, wyo and jtd"): byte-level keys a, b, c also occur in every
-filler sentence, so the line a summary must copy from cannot be found by its key, while a
-keyed note's line can (the copy the reader policy learnt from its recall data).
+filler sentence, a keyed note's line can be found by its key alone (the tiny policy copied its
+values no better for it: BENCHMARKS.md, issue 16).
 Deterministic by seed: task i of (seed, split, level) comes from
 random.Random(f"notes:{seed}:{split}:{i}:{level}").
 
@@ -72,7 +72,6 @@ FILLER = {
 }
 FUNCTIONS = ("total", "combine", "tally", "merge_sum")
 LEVELS = ("full", "fixed", "keyed")
-
 TEST_TIMEOUT_S = 10
 
 

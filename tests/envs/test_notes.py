@@ -61,7 +61,7 @@ def test_keyed_level_keys_occur_only_where_they_name_their_note():
             for cuts in ((), (2,), (1, 3)):
                 for segment in oracle_chain(t, cuts, submit_with_write=True):
                     ids = chat.conversation(segment)[0]  # special ids are no text: dropped
-                    text = chat.tokenizer.decode([i for i in ids if i < 256])
+                    text = chat.tokenizer.decode([x for x in ids if x < 256])
                     for k in keys:  # the task, its note's path and line, summaries, nothing else
                         want = text.count(f"{k},") + text.count(f"{k} ") + text.count(f"{k}.txt")
                         assert text.count(k) == want, (k, text)
