@@ -105,17 +105,26 @@ def _note(key: str, value: int, split: str, chars: int, rng: random.Random) -> s
     return "\n".join(lines) + "\n"
 
 
+def _instruction(f: str, keys: Sequence[str]) -> str:
+    named = ", ".join(keys[:-1]) + (" and " if len(keys) > 1 else "") + keys[-1]
+    return f"Write {f}(n) in {f}.py: return n plus the values of {named} (see notes/)."
+
+
+def _source(f: str, values: Sequence[int]) -> str:
+    return f"def {f}(n):\n    return n + {' + '.join(str(v) for v in values)}\n"
+
+
 @functools.cache
 def _fixed_text() -> str:
     """Every episode text of the notes tasks that is not a key or a value, lower case."""
     from c2.rl.episodes import SUMMARY_INSTRUCTION, segment_head
 
-    instruction = "Write total(n) in total.py: return n plus the values of and (see notes/)."
+    instruction = _instruction("total", ["", ""])  # the template's words, no keys
     summary = summary_text({"keys": ["k"], "values": [1], "file": "total.py"}, 0)
     parts = [*FILLER["train"], *FILLER["eval"], compact_system_prompt(), SUMMARY_INSTRUCTION]
     calls = [
         tool_call("read_file", path="notes/.txt"),
-        tool_call("write_file", path="total.py", content="def total(n):\n    return n + 1\n"),
+        tool_call("write_file", path="total.py", content=_source("total", [1])),
         tool_call("submit", message="Added total."),
     ]
     parts += [segment_head(instruction), summary, *calls, "system", "user", "assistant"]
@@ -160,12 +169,11 @@ def notes_task(
         keys = list("abcdefghij"[:files])
     values = [rng.randrange(2, 50) for _ in keys]
     f = rng.choice(FUNCTIONS) if level == "full" else "total"
-    named = ", ".join(keys[:-1]) + (" and " if files > 1 else "") + keys[-1]
-    instruction = f"Write {f}(n) in {f}.py: return n plus the values of {named} (see notes/)."
+    instruction = _instruction(f, keys)
     workspace = {
         f"notes/{k}.txt": _note(k, v, split, note_chars, rng) for k, v in zip(keys, values)
     }
-    source = f"def {f}(n):\n    return n + {' + '.join(str(v) for v in values)}\n"
+    source = _source(f, values)
     calls = [(x, x + sum(values)) for x in rng.sample(range(-20, 100), 3)]
     tag = {"full": "", "fixed": "x", "keyed": "k"}[level]
     task_id = f"notes{tag}-{split}-s{seed}-{index:05d}"
