@@ -53,6 +53,7 @@ def bench_config(init_from: str, steps: int, staleness: int, latency: tuple[floa
     c.rl.tasks = c.rl.heldout_tasks = "functions:basic"
     c.rl.task_seed, c.rl.prompts_per_step, c.optimizer.lr = 0, 4, 3e-4
     c.optimizer.warmup_steps = 0
+    c.rl.single_forward = False  # two forwards a step, as measured (a faster trainer moves S=0)
     c.rl.max_staleness = staleness
     c.rl.rollout.test_latency_pareto = latency
     c.rl.rollout.tool_workers = 32  # graders wait on the simulated suites, not on the CPU

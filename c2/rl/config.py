@@ -55,6 +55,9 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # older than version s - max_staleness; 0 is synchronous, on-policy training.
     r.max_staleness = 2
     r.router_replay = True  # train forwards replay the engine's recorded experts (off: ablation)
+    # The current policy's log-probs and the gradient from one forward (jax.vjp keeps the whole
+    # batch's activations, not one micro-batch's): the same update, ~10% less train time on CPU.
+    r.single_forward = False
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
     # New weights reach the engine in process (""), or through the weight store at this kvstore
     # URL (a path, file://, s3://bucket/prefix, gs://...; c2/rl/weight_sync.py): a delta per

@@ -15,8 +15,12 @@ token (an infinite k1).
 
 Micro-batch i holds rows i, i + n, i + 2n, ... (n micro-batches): each device keeps its own
 rows, and the whole-batch steps (groups, quantiles, normalisers) run before the split, so the
-update does not depend on the micro-batch size. No aux-loss-free router-bias update here:
-the router's experts are replayed, and the bias stays as the RL start left it.
+update does not depend on the micro-batch size. The current policy's log-probs come first (the
+whole-batch steps need them), then each micro-batch's gradient runs its forward again; with
+`single_forward` one forward serves both (jax.vjp keeps its activations for the backward): the
+same update, one forward less a step, the whole batch's activations in memory at once.
+No aux-loss-free router-bias update here: the router's experts are replayed, and the bias stays
+as the RL start left it.
 """
 
 from __future__ import annotations
@@ -131,6 +135,7 @@ class RLLearner:
         schedule: optax.Schedule | None = None,
         router_replay: bool = True,
         logit_chunk_tokens: int = 0,
+        single_forward: bool = False,
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -150,6 +155,9 @@ class RLLearner:
                 f"logit_chunk_tokens={logit_chunk_tokens!r}: expected an int >= 0 (0: whole)"
             )
         self.logit_chunk_tokens = logit_chunk_tokens
+        # One forward of the current policy per step instead of two (its activations kept for
+        # the whole batch, not one micro-batch): the same update, about a forward's time less.
+        self.single_forward = bool(single_forward)
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
 
@@ -220,6 +228,12 @@ class RLLearner:
             donate_argnums=(0, 1),
             compiler_options=options,
         )
+        self._update_single_forward_jit = jax.jit(
+            self._update_single_forward,
+            out_shardings=(self.param_shardings, self.opt_shardings, replicated, replicated),
+            donate_argnums=(0, 1),
+            compiler_options=options,
+        )
 
     # State ------------------------------------------------------------------------------------
 
@@ -270,11 +284,16 @@ class RLLearner:
                 )
         opt_state = jax.device_put(opt_state, self.opt_shardings)
         batch = self._put_batch(batch)
-        logp_BT, support_BT, kl_logp_BT = self._logp_jit(params, batch)
         ref_kl_logp_BT = None if ref_params is None else self._logp_jit(ref_params, batch)[2]
         rows = NamedSharding(self.mesh, self._row_spec)
         terms = {k: _place(v, rows) for k, v in terms.items()}
         effort_counts = {k: _place(v, rows) for k, v in effort_counts.items()}
+        step = jnp.asarray(step, jnp.int32)
+        if self.single_forward:
+            return self._update_single_forward_jit(
+                params, opt_state, batch, ref_kl_logp_BT, terms, effort_counts, step
+            )
+        logp_BT, support_BT, kl_logp_BT = self._logp_jit(params, batch)
         return self._update_jit(
             params,
             opt_state,
@@ -285,7 +304,7 @@ class RLLearner:
             ref_kl_logp_BT,
             terms,
             effort_counts,
-            jnp.asarray(step, jnp.int32),
+            step,
         )
 
     # Input checks -------------------------------------------------------------------------------
@@ -474,6 +493,62 @@ class RLLearner:
         adv_C = objective_advantages(self.objective, reward_C, chain_valid_C & (n_C > 0))
         return jnp.where(valid_B, adv_C[chain_B], 0.0)
 
+    def _whole_batch(
+        self, batch, logp_BT, support_BT, kl_logp_BT, ref_kl_logp_BT, terms, effort_counts, step
+    ) -> dict:
+        """What the whole batch decides before any gradient: the mismatch filter (its quantile),
+        rewards, group advantages, loss normalisers and the whole-batch loss metrics."""
+        obj = self.objective
+        valid_B = batch["valid"]
+        targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
+        mask_BT = targets_BT & support_BT
+        keep_BT, mismatch = objective_mismatch_filter(
+            obj, logp_BT, batch["behaviour_logp"], mask_BT
+        )
+        total_B, log, kl_B = self._rewards(
+            kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
+        )
+        adv_B = self._chain_advantages(total_B, valid_B, batch["chain"], batch["chain_valid"])
+        normalizers = loss_normalizers(keep_BT)
+        _, whole = rl_loss(
+            self._pg_objective, logp_BT, batch["behaviour_logp"], adv_B, keep_BT, **normalizers
+        )
+        return dict(
+            targets_BT=targets_BT,
+            mask_BT=mask_BT,
+            keep_BT=keep_BT,
+            mismatch=mismatch,
+            total_B=total_B,
+            log=log,
+            kl_B=kl_B,
+            adv_B=adv_B,
+            normalizers=normalizers,
+            whole=whole,
+        )
+
+    @property
+    def _pg_objective(self) -> ObjectiveConfig:
+        # rl_loss composes the policy-gradient term; a KL loss term (the "loss" placement) is
+        # added by _loss, on the temperature-only log-probs (see _token_logp).
+        return dataclasses.replace(self.objective, kl_placement="reward")
+
+    @property
+    def _loss_keys(self) -> tuple[str, ...]:
+        return ("loss", "pg_loss") + (("kl_loss",) if self.objective.kl_placement == "loss" else ())
+
+    def _loss(self, logp, kl_logp, behaviour, advantages, keep, ref_kl_logp, normalizers):
+        """The objective of some rows, given their current log-probs: (loss, metrics). With the
+        whole batch's normalisers, the losses of disjoint row sets add up to the batch's."""
+        obj = self.objective
+        loss, m = rl_loss(self._pg_objective, logp, behaviour, advantages, keep, **normalizers)
+        if obj.kl_placement == "loss":
+            kl_BT = kl_token_loss(kl_logp, ref_kl_logp, keep, obj.kl_kind, obj.kl_beta)
+            m["kl_loss"] = aggregate_loss(
+                kl_BT, keep, obj.aggregation, constant=obj.loss_constant, **normalizers
+            )
+            loss = m["loss"] = loss + m["kl_loss"]
+        return loss, m
+
     def _update(
         self,
         params,
@@ -487,41 +562,25 @@ class RLLearner:
         effort_counts,
         step,
     ):
-        obj = self.objective
-        # rl_loss composes the policy-gradient term; a KL loss term (the "loss" placement) is added
-        # here, on the temperature-only log-probs (see _token_logp).
-        pg_obj = dataclasses.replace(obj, kl_placement="reward")
-        kl_in_loss = obj.kl_placement == "loss"
-        valid_B = batch["valid"]
-        behaviour_BT = batch["behaviour_logp"]
-        targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
-        mask_BT = targets_BT & support_BT
-
-        # The whole batch first: mismatch quantile, rewards, group advantages, normalisers.
-        keep_BT, mismatch = objective_mismatch_filter(obj, logp_BT, behaviour_BT, mask_BT)
-        total_B, log, kl_B = self._rewards(
-            kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
+        """The update from log-probs computed beforehand: each micro-batch's gradient runs its
+        forward again (activations live for one micro-batch at a time)."""
+        w = self._whole_batch(
+            batch, logp_BT, support_BT, kl_logp_BT, ref_kl_logp_BT, terms, effort_counts, step
         )
-        adv_B = self._chain_advantages(total_B, valid_B, batch["chain"], batch["chain_valid"])
-        normalizers = loss_normalizers(keep_BT)
-        _, whole = rl_loss(pg_obj, logp_BT, behaviour_BT, adv_B, keep_BT, **normalizers)
 
         def loss_fn(p, mb):
             logp, _, kl_logp = self._token_logp(p, mb)
-            loss, m = rl_loss(
-                pg_obj, logp, mb["behaviour_logp"], mb["advantages"], mb["keep"], **normalizers
+            return self._loss(
+                logp,
+                kl_logp,
+                mb["behaviour_logp"],
+                mb["advantages"],
+                mb["keep"],
+                mb["ref_kl_logp"],
+                w["normalizers"],
             )
-            if kl_in_loss:
-                kl_BT = kl_token_loss(
-                    kl_logp, mb["ref_kl_logp"], mb["keep"], obj.kl_kind, obj.kl_beta
-                )
-                m["kl_loss"] = aggregate_loss(
-                    kl_BT, mb["keep"], obj.aggregation, constant=obj.loss_constant, **normalizers
-                )
-                loss = m["loss"] = loss + m["kl_loss"]
-            return loss, m
 
-        loss_keys = ("loss", "pg_loss") + (("kl_loss",) if kl_in_loss else ())
+        loss_keys = self._loss_keys
 
         def body(carry, mb):
             grads, sums = carry
@@ -534,16 +593,53 @@ class RLLearner:
             for k in ("inputs", "positions", "segment_ids", "targets", "routing")
             + ("temperature", "top_k", "top_p", "behaviour_logp")
         }
-        micro_in |= {"advantages": adv_B, "keep": keep_BT, "ref_kl_logp": ref_kl_logp_BT}
+        micro_in |= {"advantages": w["adv_B"], "keep": w["keep_BT"], "ref_kl_logp": ref_kl_logp_BT}
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
         zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in loss_keys})
         (grads, sums), _ = jax.lax.scan(body, init, self._micro(micro_in))
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        return self._apply(params, opt_state, grads, sums, batch, logp_BT, w, step)
 
+    def _update_single_forward(
+        self, params, opt_state, batch, ref_kl_logp_BT, terms, effort_counts, step
+    ):
+        """The same update from one forward of the current policy: its log-probs feed the
+        whole-batch decisions and its kept activations the gradient (jax.vjp), so the forward
+        is not run twice; the activations of every micro-batch live until the backward."""
+
+        def logps(p):
+            logp, support, kl_logp = self._logp_batch(p, batch)
+            return (logp, kl_logp), support
+
+        (logp_BT, kl_logp_BT), backward, support_BT = jax.vjp(logps, params, has_aux=True)
+        w = self._whole_batch(
+            batch, logp_BT, support_BT, kl_logp_BT, ref_kl_logp_BT, terms, effort_counts, step
+        )
+        (_, m), cotangents = jax.value_and_grad(
+            lambda logp, kl_logp: self._loss(
+                logp,
+                kl_logp,
+                batch["behaviour_logp"],
+                w["adv_B"],
+                w["keep_BT"],
+                ref_kl_logp_BT,
+                w["normalizers"],
+            ),
+            argnums=(0, 1),
+            has_aux=True,
+        )(logp_BT, kl_logp_BT)
+        (grads,) = backward(cotangents)
+        sums = {k: m[k] for k in self._loss_keys}
+        return self._apply(params, opt_state, grads, sums, batch, logp_BT, w, step)
+
+    def _apply(self, params, opt_state, grads, sums, batch, logp_BT, w, step):
+        """Adam on the gradient; the step's metrics and per-sample values."""
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
 
+        valid_B, targets_BT, mask_BT = batch["valid"], w["targets_BT"], w["mask_BT"]
+        keep_BT, adv_B, kl_B, total_B = w["keep_BT"], w["adv_B"], w["kl_B"], w["total_B"]
         n_valid = jnp.maximum(valid_B.sum(), 1).astype(jnp.float32)
         per_valid = lambda x_B: jnp.where(valid_B, x_B, 0.0).sum() / n_valid  # noqa: E731
         metrics = dict(sums)
@@ -555,18 +651,18 @@ class RLLearner:
             "valid_samples": valid_B.sum().astype(jnp.float32),
             "target_tokens": targets_BT.sum().astype(jnp.float32),
             "kept_tokens": keep_BT.sum().astype(jnp.float32),
-            "tokens_out_of_support": (targets_BT & ~support_BT).sum().astype(jnp.float32),
+            "tokens_out_of_support": (targets_BT & ~w["mask_BT"]).sum().astype(jnp.float32),
         }
         if self.schedule is not None:
             metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)
-        metrics |= {k: v for k, v in whole.items() if k.startswith(("is_", "frac_"))}
-        metrics |= mismatch
+        metrics |= {k: v for k, v in w["whole"].items() if k.startswith(("is_", "frac_"))}
+        metrics |= w["mismatch"]
         # Per sample: the mean and largest |train - behaviour| log-prob gap over its targets.
-        gap_BT = jnp.where(mask_BT, jnp.abs(logp_BT - behaviour_BT), 0.0)
+        gap_BT = jnp.where(mask_BT, jnp.abs(logp_BT - batch["behaviour_logp"]), 0.0)
         n_B = jnp.maximum(mask_BT.sum(-1), 1).astype(jnp.float32)
         per_sample = {"reward": total_B, "kl": kl_B, "advantage": adv_B}
         per_sample |= {"mismatch_mean": gap_BT.sum(-1) / n_B, "mismatch_max": gap_BT.max(-1)}
-        for name, value in log.items():
+        for name, value in w["log"].items():
             if name.startswith("weight/"):
                 metrics[name] = value
             elif name != "reward/total":

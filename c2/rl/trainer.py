@@ -215,6 +215,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         length_penalty_q=float(r.rewards.length_q),
         schedule=schedule,
         router_replay=r.router_replay,
+        single_forward=r.single_forward,
         logit_chunk_tokens=int(config.train.loss_chunk_tokens),
     )
     rollouts_dir = workdir / "rollouts"

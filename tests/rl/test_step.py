@@ -373,6 +373,21 @@ def test_chunked_logits_give_the_same_update(params, learner, reference, random_
         make_learner(ONE_DEVICE, MICRO, logit_chunk_tokens=5).logprobs(params, batch)
 
 
+def test_single_forward_gives_the_same_update(params, reference, random_batch):
+    """single_forward: the current policy's log-probs and the gradient from one forward (jax.vjp
+    keeps its activations) give the update of a forward then a gradient per micro-batch."""
+    learner = make_learner(ONE_DEVICE, MICRO, single_forward=True)
+    forwards = []  # the separate log-prob passes: the reference's only
+    logp_jit = learner._logp_jit
+    learner._logp_jit = lambda p, batch: forwards.append(p) or logp_jit(p, batch)
+    new, _, metrics, per_sample = run_update(learner, params, *random_batch)
+    assert len(forwards) == 1
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+
+
 def test_sharded_equals_single_device(params, reference, random_batch):
     """On 8 devices (data 2, fsdp 2, expert 2; experts exchanged all-to-all) the update, its
     metrics and per-sample outputs equal one device's, and params and optimiser state keep
@@ -416,7 +431,8 @@ def test_router_bias_and_frozen_leaves_do_not_move(params, reference):
 
 def test_kl_in_the_loss_traces(params, random_batch):
     """kl_placement="loss" (the ablation) traces to a step with a kl_loss metric and no KL reward
-    term (abstractly: a compile would cost more than the check is worth)."""
+    term, with and without single_forward (abstractly: a compile would cost more than the check
+    is worth)."""
     learner = make_learner(
         ONE_DEVICE, MICRO, objective=dataclasses.replace(OBJECTIVE, kl_placement="loss")
     )
@@ -439,6 +455,17 @@ def test_kl_in_the_loss_traces(params, random_batch):
     )
     assert "kl_loss" in metrics and "reward/kl" not in per_sample
     assert per_sample["kl"].shape == (B,)
+    _, _, metrics, _ = jax.eval_shape(
+        learner._update_single_forward,
+        params,
+        jax.eval_shape(learner.tx.init, params),
+        jax.tree.map(spec, batch),
+        tokens,
+        jax.tree.map(spec, terms),
+        jax.tree.map(spec, effort),
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
+    assert "kl_loss" in metrics
 
 
 def test_bad_inputs_are_named(params, learner, random_batch):
