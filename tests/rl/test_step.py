@@ -388,12 +388,13 @@ def test_single_forward_gives_the_same_update(params, reference, random_batch):
     chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
 
 
-def test_sharded_equals_single_device(params, reference, random_batch):
+@pytest.mark.parametrize("single_forward", [False, True])
+def test_sharded_equals_single_device(params, reference, random_batch, single_forward):
     """On 8 devices (data 2, fsdp 2, expert 2; experts exchanged all-to-all) the update, its
     metrics and per-sample outputs equal one device's, and params and optimiser state keep
-    their shardings."""
+    their shardings; with one forward of the current policy too."""
     mesh = sharding.make_mesh(data=2, fsdp=2, expert=2)
-    learner8 = make_learner(mesh, 8)
+    learner8 = make_learner(mesh, 8, single_forward=single_forward)
     new, opt_state, metrics, per_sample = run_update(learner8, params, *random_batch)
     want_params, want_metrics, want_per_sample = reference
     chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-5)
