@@ -92,8 +92,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     config = load_config(args.config)
-    validated = rl_config.validate_rl(config, 1, load_files=False)
-    cfg, objective = validated[1], validated[2]
+    _, cfg, objective, _ = rl_config.validate_rl(config, 1, load_files=False)
     r = config.rl
     rows = r.prompts_per_step * r.group_size
     samples = random_samples(cfg, rows, r.group_size, args.prompt, args.generated)

@@ -441,30 +441,17 @@ def test_kl_in_the_loss_traces(params, random_batch):
     batch, terms, effort = random_batch
     spec = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)  # noqa: E731
     tokens = jax.ShapeDtypeStruct((B, T), jnp.float32)
+    state = (params, jax.eval_shape(learner.tx.init, params), jax.tree.map(spec, batch))
+    rewards = (jax.tree.map(spec, terms), jax.tree.map(spec, effort))
+    step = jax.ShapeDtypeStruct((), jnp.int32)
+    logps = (tokens, jax.ShapeDtypeStruct((B, T), bool), tokens)  # logp, support, kl_logp
     _, _, metrics, per_sample = jax.eval_shape(
-        learner._update,
-        params,
-        jax.eval_shape(learner.tx.init, params),
-        jax.tree.map(spec, batch),
-        tokens,
-        jax.ShapeDtypeStruct((B, T), bool),
-        tokens,
-        tokens,
-        jax.tree.map(spec, terms),
-        jax.tree.map(spec, effort),
-        jax.ShapeDtypeStruct((), jnp.int32),
+        learner._update, *state, *logps, tokens, *rewards, step
     )
     assert "kl_loss" in metrics and "reward/kl" not in per_sample
     assert per_sample["kl"].shape == (B,)
     _, _, metrics, _ = jax.eval_shape(
-        learner._update_single_forward,
-        params,
-        jax.eval_shape(learner.tx.init, params),
-        jax.tree.map(spec, batch),
-        tokens,
-        jax.tree.map(spec, terms),
-        jax.tree.map(spec, effort),
-        jax.ShapeDtypeStruct((), jnp.int32),
+        learner._update_single_forward, *state, tokens, *rewards, step
     )
     assert "kl_loss" in metrics
 
