@@ -1,7 +1,8 @@
 """Generation throughput and train/inference agreement of c2.infer, in one run on this machine.
 
 1. c2 `Engine` vs Hugging Face `transformers` `generate` (PyTorch, CPU) on identical weights
-   (exported with c2.model.hf.export_hf_checkpoint), same batch, greedy, same new tokens.
+   (exported with c2.model.hf.export_hf_checkpoint), same batch, greedy, same new tokens; and
+   the engine with `run_ahead=False` (each decode call read back before the next goes out).
 2. Plain vs MTP-speculative greedy decoding (1..3 drafts): tokens/s, acceptance rate, mean
    accepted length; outputs must be identical to plain greedy.
 3. Recorded logprobs vs the training forward's, with the recorded experts replayed and without,
@@ -12,9 +13,10 @@ workdir (experiments/pipeline_tiny.py writes DIR/<stage>/checkpoints).
 
 Command:
     python -m c2.bench.generate_throughput --workdir=runs/main --stage=cpt [--batch 32]
-    (--preset=tiny_kimi_k2 instead of --workdir: freshly initialised weights; --requests 32
-    with --batch 8: 32 prompts streamed through 8 slots, each refilled as its row finishes, as
-    the RL engine runs, instead of one batch that waits for its slowest row)
+    (--hf=DIR instead of --workdir: a transformers checkpoint, e.g. the shipped policy
+    experiments/policies/reader_tiny; --preset=tiny_kimi_k2: freshly initialised weights;
+    --requests 32 with --batch 8: 32 prompts streamed through 8 slots, each refilled as its row
+    finishes, as the RL engine runs, instead of one batch that waits for its slowest row)
 Timing is fair on a shared machine (c2.bench.fair): runs interleaved, medians with min-max
 spread, the load average before and after and other processes' CPU during the run printed and
 written to the JSON, a loud warning when the machine is busy (load >= 0.5; --require_quiet
@@ -194,6 +196,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", help="a pipeline workdir (DIR/<stage>/checkpoints)")
     ap.add_argument("--stage", default="cpt")
+    ap.add_argument(
+        "--hf", help="a transformers checkpoint directory instead (e.g. experiments/policies/...)"
+    )
     ap.add_argument("--preset", default="tiny_kimi_k2", help="used when no --workdir is given")
     ap.add_argument("--batch", type=int, default=8, help="engine slots (transformers' batch)")
     ap.add_argument(
@@ -228,7 +233,10 @@ def main(argv=None) -> dict:
         raise ValueError(f"--batch {a.batch} --requests {requests}: expected both >= 1")
     check = fair.load_check(require_quiet=a.require_quiet)
 
-    if a.workdir:
+    if a.hf:
+        cfg, params = model.load_hf_checkpoint(a.hf)
+        source = a.hf
+    elif a.workdir:
         cfg, params, step = load_stage(Path(a.workdir) / a.stage)
         source = f"{a.workdir}/{a.stage} step {step}"
     else:
@@ -257,6 +265,10 @@ def main(argv=None) -> dict:
             temperature=temperature, seed=0, steps_per_call=a.steps_per_call, max_len=a.max_len
         )
         runs[f"c2 T={temperature:g}"] = c2_run(params, cfg, prompts, a.new_tokens, a.batch, **opts)
+        if temperature == 0.0:  # each decode call read back before the next is dispatched
+            runs["c2 no run-ahead T=0"] = c2_run(
+                params, cfg, prompts, a.new_tokens, a.batch, run_ahead=False, **opts
+            )
         for k in drafts:
             runs[f"c2 speculative k={k} T={temperature:g}"] = c2_run(
                 params,

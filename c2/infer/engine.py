@@ -7,7 +7,9 @@
 
 Each `step` first applies a pending `update_weights`, then admits queued prompts into free slots
 (a prompt is fed in chunks of static bucket sizes; the compiled decode step never changes shape),
-then runs one compiled decode call over every slot and records what came back. A multi-turn
+then runs one compiled decode call over every slot and records what came back. With `run_ahead`
+(the default) the next decode call is dispatched before the last one is read back, so the host's
+bookkeeping overlaps the device's work; each `step` still records exactly one call. A multi-turn
 request (`submit(..., multi_turn=True)`) keeps its slot and KV cache when a turn stops: append
 tool output as tokens with `extend`, generation resumes from the cache; `release` ends it and
 returns its `Trajectory`. Nothing is ever re-tokenised: the engine only sees token ids.
@@ -68,6 +70,14 @@ class Engine:
     need `detokenize`, ids -> str). prefill_chunk: largest prompt chunk fed at once.
     steps_per_call: decode steps per compiled call (one host sync each). recompute_kv: rebuild
     in-flight KV caches with the new weights on `update_weights` (default: keep them).
+    run_ahead: dispatch decode call n + 1 (from call n's device state) before reading call n
+    back, so the host's work per call (reading back, recording tokens, admitting prompts)
+    overlaps the device's. The device stops rows itself (stop tokens, budgets), so a row that
+    call n stopped only idles in call n + 1; any host change to a row (admitting, extending,
+    finishing) marks that row's output of the call already running as stale, and it is
+    ignored. The outputs are the same as without it; speculative decoding, stop strings (the
+    host truncates the row) and `recompute_kv` updates (the host rebuilds the cache) read every
+    call back before the next.
     """
 
     def __init__(
@@ -89,6 +99,7 @@ class Engine:
         prefill_chunk: int = 256,
         steps_per_call: int = 1,
         recompute_kv: bool = False,
+        run_ahead: bool = True,
         version: int = 0,
     ):
         c = config
@@ -133,6 +144,7 @@ class Engine:
             steps_per_call=_positive_int(steps_per_call, "steps_per_call"),
         )
         self.recompute_kv = bool(recompute_kv)
+        self.run_ahead = bool(run_ahead)
         self._param_tree = jax.tree.structure(params)
         self._param_leaves = [(a.shape, a.dtype) for a in jax.tree.leaves(params)]
         self._params = _unstack(params)  # the decoding layout: per-layer buffers
@@ -141,6 +153,10 @@ class Engine:
         self._state = None  # built lazily: nothing is allocated or compiled before a step
         self._slots: list[SequenceRecord | None] = [None] * max_slots
         self._phase = np.zeros(max_slots, np.int32)  # host mirror of the device phases
+        # Host changes to each row (bumped by _set): a decode call's output for a row is read
+        # only if the row is unchanged since the call was dispatched (run_ahead).
+        self._epoch = np.zeros(max_slots, np.int64)
+        self._inflight = None  # the dispatched decode call not yet read back (run_ahead)
         self._queue: collections.deque[SequenceRecord] = collections.deque()
         self._seqs: dict[int, SequenceRecord] = {}
         self._next_rid = 0
@@ -298,7 +314,8 @@ class Engine:
         active = any(
             s is not None and s.status in ("extending", "running", "flushing") for s in self._slots
         )
-        return active or (bool(self._queue) and self.free_slots > 0)
+        queued = bool(self._queue) and self.free_slots > 0
+        return active or queued or self._inflight is not None
 
     @property
     def free_slots(self) -> int:
@@ -338,6 +355,7 @@ class Engine:
             for k, v in fields.items()
         }
         self._state = steps.set_rows(self.state, np.int32(slot), vals)
+        self._epoch[slot] += 1
         if "phase" in fields:
             self._phase[slot] = fields["phase"]
 
@@ -410,9 +428,12 @@ class Engine:
             done[j] += n
             last[j] = (tok, lp, k)
 
-    def _apply_update(self) -> None:
+    def _take_update(self):
         with self._lock:
             update, self._pending_update = self._pending_update, None
+        return update
+
+    def _apply_update(self, update) -> None:
         if update is None:
             return
         t0 = time.perf_counter()
@@ -515,32 +536,63 @@ class Engine:
         del self._seqs[seq.rid]
 
     def step(self) -> list[Completion]:
-        """Apply a pending weight update, admit prompts, run one decode call; returns the turns
-        that finished."""
+        """Apply a pending weight update, admit prompts, run one decode call (with `run_ahead`,
+        dispatch the next and read back the one before); returns the turns that finished."""
         events: list[Completion] = []
-        self._apply_update()
+        update = self._take_update()
+        ahead = self._can_run_ahead() and not (update is not None and self.recompute_kv)
+        if self._inflight is not None and not ahead:
+            self._read_back(self._inflight, events)  # the host must see it before going on
+            self._inflight = None
+        self._apply_update(update)
         self._admit(events)
-        if not (self._phase > 0).any():
-            return events
-        version = self.version
+        call = None
+        if (self._phase > 0).any():
+            if ahead and self._inflight is None:
+                self._inflight = self._dispatch()  # start the pipeline
+            call = self._dispatch()
+        if ahead:  # read back the call before the one just dispatched
+            call, self._inflight = self._inflight, call
+        if call is not None:
+            self._read_back(call, events)
+        return events
+
+    def _can_run_ahead(self) -> bool:
+        """Whether a decode call may be dispatched before the last one is read back: not when
+        the host may change a running row between calls (speculative decoding's bookkeeping,
+        stop strings' truncation)."""
+        return (
+            self.run_ahead
+            and not self.spec.speculative
+            and not any(s is not None and s.stop_strings for s in self._slots)
+        )
+
+    def _dispatch(self) -> tuple:
+        """Dispatch one decode call; returns what reading it back needs: (outputs, the weights'
+        version, each slot's sequence and host-change count at dispatch)."""
         filled = max(s.fed for s, ph in zip(self._slots, self._phase) if s is not None and ph)
+        if self._inflight is not None:  # the call still running writes before this one
+            filled += self.spec.steps_per_call * (self.spec.num_draft + 1)
         kv_len = steps.attend_len(self.spec, filled)
         self._state, out = steps.decode(
             self._params, self.state, self._base_key, spec=self.spec, kv_len=kv_len
         )
-        out = jax.device_get(out)
         self._stats["decode_calls"] += 1
-        self._absorb(out, version, events)
-        return events
+        return out, self.version, list(self._slots), self._epoch.copy()
 
-    def _absorb(self, out: dict, version: int, events: list) -> None:
+    def _read_back(self, call: tuple, events: list) -> None:
+        out, version, owners, epochs = call
+        self._absorb(jax.device_get(out), version, events, owners, epochs)
+
+    def _absorb(self, out: dict, version: int, events: list, owners: list, epochs) -> None:
+        """Record a decode call's output for each row still as it was at dispatch."""
         n_steps = out["phase"].shape[0]
         K = self.spec.num_draft
         done_in_call: set[int] = set()
         for i in range(n_steps):
             self._stats["decode_steps"] += 1
-            for slot, seq in enumerate(self._slots):
-                if seq is None:
+            for slot, seq in enumerate(owners):
+                if seq is None or self._epoch[slot] != epochs[slot]:
                     continue
                 n_emit, n_fed = int(out["n_emit"][i, slot]), int(out["n_fed"][i, slot])
                 seq.n_gen += n_emit

@@ -97,12 +97,12 @@ def test_mtp_drafts_follow_the_training_paths_mtp_head(kimi, monkeypatch):
     seen = []
     absorb = Engine._absorb
 
-    def spy(self, out, version, events):
-        for slot, seq in enumerate(self._slots):
+    def spy(self, out, version, events, owners, epochs):
+        for slot, seq in enumerate(owners):
             if seq is not None and seq.status == "running" and out["n_emit"][0, slot]:
                 draft = out["drafts"][0, slot, 0], out["draft_logprobs"][0, slot, 0]
                 seen.append((seq.rid, seq.fed, *draft))
-        absorb(self, out, version, events)
+        absorb(self, out, version, events, owners, epochs)
 
     monkeypatch.setattr(Engine, "_absorb", spy)
     engine = Engine(
@@ -249,21 +249,87 @@ def test_no_work_while_paused_sequences_hold_every_slot(kimi):
     assert [c.request_id for c in done] == [second] and len(done[0].tokens) == 3
 
 
+def _mixed_workload(engine, stop):
+    """Seven requests through three slots: one-shot ones with a stop token and budgets of 1 to
+    9 tokens; multi-turn ones extended with tool tokens each time a turn ends (two more turns),
+    then released. Every completion and trajectory, in the order they came back."""
+    extends = {}  # multi-turn request -> extends so far
+    for i, prompt in enumerate(PROMPTS + [[9, 9, 9], list(range(20, 27))]):
+        multi = i % 3 == 0
+        rid = engine.submit(prompt, 1 + (2 * i) % 9, multi_turn=multi, stop_tokens=[stop])
+        if multi:
+            extends[rid] = 0
+    results, paused = [], []
+    while engine.has_work() or paused:
+        for comp in engine.step() if engine.has_work() else []:
+            results.append(comp)
+            if comp.request_id in extends:
+                paused.append(comp.request_id)
+        for rid in paused:
+            if extends[rid] < 2:
+                engine.extend(rid, [7 + extends[rid], 8, 9], max_new_tokens=4)
+                extends[rid] += 1
+            else:
+                results.append(engine.release(rid))
+        paused = []
+    return results
+
+
+def test_running_ahead_changes_no_output(kimi):
+    """Dispatching each decode call before reading the last one back (run_ahead, the default)
+    gives the same completions and trajectories as reading every call back first: tokens,
+    versions, recorded experts, finish reasons, logprobs (to float32 rounding), on a workload of
+    continuous batching, stop tokens, budgets and multi-turn extends and releases."""
+    stop = kimi.greedy(PROMPTS[2], 4)[-1]
+    outs = []
+    for run_ahead in (False, True):
+        engine = Engine(kimi.params, kimi.cfg, temperature=1.0, run_ahead=run_ahead, **ENGINE)
+        outs.append(_mixed_workload(engine, stop))
+    # Admission waits for the read-back, so requests may finish in another order.
+    slow, fast = (sorted(o, key=lambda r: (r.request_id, getattr(r, "turn", 99))) for o in outs)
+    assert len(slow) == len(fast) > 10
+    for a, b in zip(slow, fast):
+        assert type(a) is type(b)
+        for field in ("request_id", "turn", "finish_reason"):
+            assert getattr(a, field, None) == getattr(b, field, None)
+        arrays = ("tokens", "versions", "routed_experts", "token_ids", "generated")
+        for field in arrays:
+            if hasattr(a, field):
+                np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+        # Other rows beside a row change the float summation order in the last bit.
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-6)
+
+
 def _scaled(params, factor):  # other weights of the same shapes
     return jax.tree.map(lambda a: a * factor, params)
 
 
-@pytest.mark.parametrize("recompute,speculative", [(False, False), (True, False), (True, True)])
-def test_update_weights_mid_flight(kimi, recompute, speculative):
-    """Three tokens under version 0, then new weights: the rest carry version 1. Recompute:
+@pytest.mark.parametrize(
+    "recompute,speculative,run_ahead",
+    [
+        (False, False, False),
+        (False, False, True),
+        (True, False, False),
+        (True, False, True),
+        (True, True, True),
+    ],
+)
+def test_update_weights_mid_flight(kimi, recompute, speculative, run_ahead):
+    """Two tokens under version 0, then new weights: the rest carry version 1. Recompute:
     they equal greedy decoding of the whole prefix under the new weights. Keep (default): they
-    equal decoding with the new weights on top of the old KV cache (model.decode_step)."""
+    equal decoding with the new weights on top of the old KV cache (model.decode_step). Running
+    ahead, the call after the first step was dispatched before the update: three old tokens."""
     from c2 import model
 
     new = _scaled(kimi.params, 1.5)
     prompt = PROMPTS[1]
     engine = Engine(
-        kimi.params, kimi.cfg, recompute_kv=recompute, speculative=speculative, **ENGINE
+        kimi.params,
+        kimi.cfg,
+        recompute_kv=recompute,
+        speculative=speculative,
+        run_ahead=run_ahead,
+        **ENGINE,
     )
     rid = engine.submit(prompt, 10)
     engine.step()  # prefill (first token) and one decode step: two tokens under version 0
@@ -272,7 +338,9 @@ def test_update_weights_mid_flight(kimi, recompute, speculative):
     while engine.has_work():
         out += engine.step()
     (comp,) = out
-    n_old = 2 if not speculative else int((comp.versions == 0).sum())
+    n_old = 2 + (run_ahead and not speculative)
+    if speculative:
+        n_old = int((comp.versions == 0).sum())
     assert comp.versions.tolist() == [0] * n_old + [1] * (10 - n_old)
     old = comp.tokens[:n_old].tolist()
     assert old == kimi.greedy(prompt, n_old)
