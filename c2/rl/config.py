@@ -59,6 +59,9 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # batch's activations, not one micro-batch's): the same update, 6-17% less time on CPU.
     r.single_forward = False
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
+    # The engine dispatches its next decode call before reading the last one back (Engine
+    # run_ahead: the same tokens; new weights land one decode call later). False: ablation.
+    r.run_ahead = True
     # New weights reach the engine in process (""), or through the weight store at this kvstore
     # URL (a path, file://, s3://bucket/prefix, gs://...; c2/rl/weight_sync.py): a delta per
     # version in the serving dtype, an anchor every `full_every` versions.

@@ -229,6 +229,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         top_k=rollout.top_k,
         stop_tokens=(chat.im_end,),
         recompute_kv=r.recompute_kv,
+        run_ahead=r.run_ahead,
     )
     if not primary:
         return _follow(learner, (params, opt_state, ref_params), ckpt, start, steps, config)
