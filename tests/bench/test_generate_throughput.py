@@ -1,5 +1,6 @@
 """The generation benchmark streams more prompts than slots (continuous batching) and every
-greedy variant, speculative and transformers' batched generate, yields the same tokens."""
+greedy variant (the engine without run-ahead, speculative, transformers' batched generate)
+yields the same tokens."""
 
 import pytest
 
@@ -24,6 +25,7 @@ def test_requests_stream_through_fewer_slots_with_identical_greedy_tokens():
     runs = res["runs"]
     assert set(runs) == {
         "c2 T=0",
+        "c2 no run-ahead T=0",
         "c2 T=1",
         "c2 speculative k=2 T=0",
         "c2 speculative k=2 T=1",
@@ -34,6 +36,8 @@ def test_requests_stream_through_fewer_slots_with_identical_greedy_tokens():
     assert runs["c2 speculative k=2 T=1"]["generated_tokens"] == 5 * 6
     # Greedy: speculative and transformers (in batches of 2, the last of 1) give plain's tokens.
     assert runs["c2 speculative k=2 T=0"]["identical_to_plain"] == 1.0
+    assert runs["c2 no run-ahead T=0"]["identical_to_plain"] == 1.0
+    assert runs["c2 no run-ahead T=0"]["generated_tokens"] == 5 * 6
     assert runs["transformers T=0"]["identical_to_plain"] == 1.0
     assert 0.0 <= runs["c2 speculative k=2 T=1"]["acceptance_rate"] <= 1.0
 
