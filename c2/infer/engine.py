@@ -75,9 +75,10 @@ class Engine:
     overlaps the device's. The device stops rows itself (stop tokens, budgets), so a row that
     call n stopped only idles in call n + 1; any host change to a row (admitting, extending,
     finishing) marks that row's output of the call already running as stale, and it is
-    ignored. The outputs are the same as without it; speculative decoding, stop strings (the
-    host truncates the row) and `recompute_kv` updates (the host rebuilds the cache) read every
-    call back before the next.
+    ignored. The outputs are the same as without it, except that `update_weights` takes effect
+    one call later (the call already running has the old weights; tokens carry the version that
+    produced them). Speculative decoding, stop strings (the host truncates the row) and
+    `recompute_kv` updates (the host rebuilds the cache) read every call back before the next.
     """
 
     def __init__(
@@ -294,7 +295,8 @@ class Engine:
         return _restack(self._params)
 
     def update_weights(self, params, version: int) -> None:
-        """New weights for every in-flight sequence from the next decode step on (thread-safe)."""
+        """New weights for every in-flight sequence from the next decode call dispatched on (with
+        run_ahead, the call after the one already running); thread-safe."""
         if jax.tree.structure(params) != self._param_tree:
             raise ValueError("update_weights: params have a different tree structure")
         for (shape, dtype), b in zip(self._param_leaves, jax.tree.leaves(params)):
