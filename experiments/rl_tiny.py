@@ -22,6 +22,9 @@ Runtime: 19 minutes on the 2-core reference machine with nothing else running (8
 Measured (BENCHMARKS.md "RL stage"), from the shipped policy (2026-12-05): these defaults,
 held-out pass@1 0.383 -> 0.478, +0.095 [+0.06, +0.13] (paired, 95%), best-of-4 0.79 -> 0.87;
 with `--config.rl.task_seed=5` 0.363 -> 0.425, +0.063 [+0.02, +0.10], best-of-4 0.82 -> 0.88;
+seed 1 again, beside the CI suite, +0.053 [+0.01, +0.09], best-of-4 0.79 -> 0.86; with the engine
+running ahead (`--config.rl.run_ahead=True`) seed 1 twice: -0.088 [-0.15, -0.03] (it ended
+inside an excursion) and +0.008 [-0.04, +0.06];
 with 76 steps and two forwards a step (the same updates): 0.383 -> 0.478, +0.095 [+0.06, +0.13],
 best-of-4 0.79 -> 0.88; with `--config.rl.task_seed=3` 0.305 -> 0.435, +0.130
 [+0.08, +0.18], best-of-4 0.69 -> 0.82; with `--config.rl.task_seed=5` 0.363 -> 0.423, +0.060

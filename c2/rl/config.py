@@ -59,9 +59,12 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # batch's activations, not one micro-batch's): the same update, 6-17% less time on CPU.
     r.single_forward = False
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
-    # The engine dispatches its next decode call before reading the last one back (Engine
-    # run_ahead: the same tokens; new weights land one decode call later). False: ablation.
-    r.run_ahead = True
+    # Let the engine dispatch its next decode call before reading the last one back (Engine
+    # run_ahead: the same episodes, new weights landing one decode call later). Off: the RL
+    # stage is trainer-bound on CPU (12.7 s a step either way), and the two runs of rl_tiny with
+    # it on gained -0.088 and +0.008 where seed 1 without it gained +0.053 to +0.095
+    # (BENCHMARKS.md, "RL stage"): not shown to be the cause, not shown harmless.
+    r.run_ahead = False
     # New weights reach the engine in process (""), or through the weight store at this kvstore
     # URL (a path, file://, s3://bucket/prefix, gs://...; c2/rl/weight_sync.py): a delta per
     # version in the serving dtype, an anchor every `full_every` versions.
