@@ -497,7 +497,7 @@ class RLLearner:
         self, batch, logp_BT, support_BT, kl_logp_BT, ref_kl_logp_BT, terms, effort_counts, step
     ) -> dict:
         """What the whole batch decides before any gradient: the mismatch filter (its quantile),
-        rewards, group advantages, loss normalisers and the whole-batch loss metrics."""
+        rewards, group advantages and loss normalisers."""
         obj = self.objective
         valid_B = batch["valid"]
         targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
@@ -509,10 +509,6 @@ class RLLearner:
             kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
         )
         adv_B = self._chain_advantages(total_B, valid_B, batch["chain"], batch["chain_valid"])
-        normalizers = loss_normalizers(keep_BT)
-        _, whole = rl_loss(
-            self._pg_objective, logp_BT, batch["behaviour_logp"], adv_B, keep_BT, **normalizers
-        )
         return dict(
             targets_BT=targets_BT,
             mask_BT=mask_BT,
@@ -522,8 +518,7 @@ class RLLearner:
             log=log,
             kl_B=kl_B,
             adv_B=adv_B,
-            normalizers=normalizers,
-            whole=whole,
+            normalizers=loss_normalizers(keep_BT),
         )
 
     @property
@@ -598,7 +593,15 @@ class RLLearner:
         zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in loss_keys})
         (grads, sums), _ = jax.lax.scan(body, init, self._micro(micro_in))
-        return self._apply(params, opt_state, grads, sums, batch, logp_BT, w, step)
+        _, whole = rl_loss(
+            self._pg_objective,
+            logp_BT,
+            batch["behaviour_logp"],
+            w["adv_B"],
+            w["keep_BT"],
+            **w["normalizers"],
+        )
+        return self._apply(params, opt_state, grads, sums, whole, batch, logp_BT, w, step)
 
     def _update_single_forward(
         self, params, opt_state, batch, ref_kl_logp_BT, terms, effort_counts, step
@@ -630,10 +633,11 @@ class RLLearner:
         )(logp_BT, kl_logp_BT)
         (grads,) = backward(cotangents)
         sums = {k: m[k] for k in self._loss_keys}
-        return self._apply(params, opt_state, grads, sums, batch, logp_BT, w, step)
+        return self._apply(params, opt_state, grads, sums, m, batch, logp_BT, w, step)
 
-    def _apply(self, params, opt_state, grads, sums, batch, logp_BT, w, step):
-        """Adam on the gradient; the step's metrics and per-sample values."""
+    def _apply(self, params, opt_state, grads, sums, whole, batch, logp_BT, w, step):
+        """Adam on the gradient; the step's metrics (`whole`: the loss's over the whole batch)
+        and per-sample values."""
         grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
         updates, opt_state = self.tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -651,11 +655,11 @@ class RLLearner:
             "valid_samples": valid_B.sum().astype(jnp.float32),
             "target_tokens": targets_BT.sum().astype(jnp.float32),
             "kept_tokens": keep_BT.sum().astype(jnp.float32),
-            "tokens_out_of_support": (targets_BT & ~w["mask_BT"]).sum().astype(jnp.float32),
+            "tokens_out_of_support": (targets_BT & ~mask_BT).sum().astype(jnp.float32),
         }
         if self.schedule is not None:
             metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)
-        metrics |= {k: v for k, v in w["whole"].items() if k.startswith(("is_", "frac_"))}
+        metrics |= {k: v for k, v in whole.items() if k.startswith(("is_", "frac_"))}
         metrics |= w["mismatch"]
         # Per sample: the mean and largest |train - behaviour| log-prob gap over its targets.
         gap_BT = jnp.where(mask_BT, jnp.abs(logp_BT - batch["behaviour_logp"]), 0.0)
