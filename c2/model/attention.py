@@ -1,6 +1,7 @@
 """Attention: MLA (DeepSeek-V3 / Kimi-K2) and GQA with q/k norm (Qwen3-MoE).
 
-Training path: full sequences with packed documents (segment ids) and causal masking, by one of
+Training path: full sequences with packed documents (segment ids; a branch segment also sees its
+trunk, `flash.BRANCH_STRIDE`) and causal masking, by one of
 `ModelConfig.attention_impl` (`self_attention`):
   dense: float32 scores [B, heads, T, S]. Context parallelism splits `seq` over the `context` mesh
     axis; keys and values are all-gathered over it (sharding constraints), queries stay local.
@@ -41,8 +42,9 @@ NEG_INF = -1e30  # finite, so fully-masked rows (padding) give a uniform softmax
 def attention_mask(
     q_seg: jax.Array, k_seg: jax.Array, q_idx: jax.Array, k_idx: jax.Array
 ) -> jax.Array:
-    """[B, T, S] True where query t may attend key s: same document and not in the future."""
-    same = q_seg[:, :, None] == k_seg[:, None, :]
+    """[B, T, S] True where query t may attend key s: same document (or s in t's trunk,
+    `flash.segments_match`) and not in the future."""
+    same = flash.segments_match(q_seg[:, :, None], k_seg[:, None, :])
     causal = k_idx[:, None, :] <= q_idx[:, :, None]
     return same & causal
 
@@ -84,7 +86,7 @@ def cudnn_attend(q, k, v, segment_ids, scale: float) -> jax.Array:
         v = pad(v, d)
     elif dv > d:
         q, k = pad(q, dv), pad(k, dv)
-    mask = (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None]
+    mask = flash.segments_match(segment_ids[:, :, None], segment_ids[:, None, :])[:, None]
     o = jax.nn.dot_product_attention(
         q, k, v, mask=mask, scale=scale, is_causal=True, implementation="cudnn"
     )

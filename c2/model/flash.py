@@ -7,7 +7,8 @@ backward pass is a `custom_vjp` that keeps only the output and the log-sum-exp p
 recomputes each block's probabilities, so the memory is O(T + S), never O(T * S).
 
 Masking is by values, not by static offsets: query row t may attend key s when their segment ids
-are equal and `k_idx[s] <= q_idx[t]` (positions in the global sequence). That lets the same code
+match (`segments_match`: equal, or the key in the query's trunk) and `k_idx[s] <= q_idx[t]`
+(positions in the global sequence). That lets the same code
 serve one device (indices 0..T-1) and ring attention (c2/model/ring.py: the key chunk arriving
 from another context shard carries its own indices). A key block that no query of the block can
 see (all in the future, or no segment in common) is skipped with `lax.cond`, forward and backward.
@@ -37,6 +38,22 @@ NEG_INF = -1e30  # finite: a fully-masked row keeps finite statistics (no inf - 
 _Q_PAD = np.iinfo(np.int32).min + 1  # segment id of padded query rows
 _K_PAD = np.iinfo(np.int32).min  # segment id of padded key rows: matches nothing
 _IDX_MAX = np.iinfo(np.int32).max  # index of padded key rows: in every query's future
+
+# Segment ids >= BRANCH_STRIDE are branches: segment `d + b * BRANCH_STRIDE` (b >= 1) is branch b of
+# document d, and sees its own tokens and those of segment d, the trunk its branches share (one
+# prompt and its samples, packed once: c2.rl.batching). Ids below it are plain documents.
+BRANCH_STRIDE = 1 << 20
+
+
+def trunk_of(seg: jax.Array) -> jax.Array:
+    """The segment a segment's tokens see besides their own: a branch's trunk, else itself."""
+    return jnp.where(seg >= BRANCH_STRIDE, seg % BRANCH_STRIDE, seg)
+
+
+def segments_match(q_seg: jax.Array, k_seg: jax.Array) -> jax.Array:
+    """Whether a query of segment q_seg may see a key of segment k_seg (broadcasting): the same
+    segment, or the key in the query's trunk."""
+    return (q_seg == k_seg) | (k_seg == trunk_of(q_seg))
 
 
 def _pad(x: jax.Array, n: int, value) -> jax.Array:
@@ -110,13 +127,16 @@ def _split_rows(x, nb, b):
 def _visible(qs, qi, ks, ki):
     """False when no query of the block can see any key of the block (safe to skip)."""
     causal = jnp.min(ki) <= jnp.max(qi)
-    overlap = (jnp.min(ks) <= jnp.max(qs)) & (jnp.min(qs) <= jnp.max(ks))
+    lo, hi = jnp.min(ks), jnp.max(ks)
+    trunks = trunk_of(qs)
+    overlap = (lo <= jnp.max(qs)) & (jnp.min(qs) <= hi)
+    overlap |= (lo <= jnp.max(trunks)) & (jnp.min(trunks) <= hi)
     return causal & overlap
 
 
 def _mask(qs, qi, ks, ki):
-    """[B, 1, 1, bq, bk]: same segment and key not in the future."""
-    m = (qs[:, :, None] == ks[:, None, :]) & (ki[:, None, :] <= qi[:, :, None])
+    """[B, 1, 1, bq, bk]: segments match and key not in the future."""
+    m = segments_match(qs[:, :, None], ks[:, None, :]) & (ki[:, None, :] <= qi[:, :, None])
     return m[:, None, None]
 
 
@@ -276,7 +296,7 @@ def _residual_blocks(q, k, v, q_seg, k_seg, q_idx, k_idx, out, lse, do, block_q,
 def flash_attention(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q=512, block_kv=512):
     """Causal, segment-masked softmax attention in blocks. q [B,T,N,d], k [B,S,Kh,d],
     v [B,S,Kh,dv] (N a multiple of Kh; dv may differ from d, as in MLA) -> [B,T,N,dv] in q.dtype.
-    Query t attends key s iff q_seg[t] == k_seg[s] and k_idx[s] <= q_idx[t]."""
+    Query t attends key s iff segments_match(q_seg[t], k_seg[s]) and k_idx[s] <= q_idx[t]."""
     return _flash_fwd(q, k, v, q_seg, k_seg, q_idx, k_idx, scale, block_q, block_kv)[0]
 
 

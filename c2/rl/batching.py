@@ -7,6 +7,17 @@ sample. Position t holds input token t and *targets* token t + 1, so every per-t
 by one: `behaviour_logp[b, t]` is the engine's logprob of `targets[b, t]` given `inputs[b, :t+1]`.
 Padding positions replay experts 0..k-1 (distinct and in range, so the replayed forward is valid).
 
+Packed groups (`pack_buckets`): a group's samples share their prompt, so the model's input can
+hold it once. Each group takes one packed row (`packed_*` arrays, [R, W] with R = batch_size /
+group_size and W = the smallest of `pack_buckets` holding the longest row): its trunk, the
+tokens every sample of the group shares before its first generated one (tokens and recorded
+experts equal) less the last, then each sample's remaining tokens as a branch that sees the trunk
+and itself (segment ids `1 + j * BRANCH_STRIDE`, c2.model.flash), positions continuing the
+trunk's. Every target lies in a branch, so each sample's log-probs are read back from the packed
+forward by `packed_index` [B, T] (a flat index into [R * W]; positions without a target point
+at 0, a finite value every use masks). The per-sample arrays (targets, masks, behaviour
+log-probs) keep the layout above; only the forward's input changes.
+
 Chains: a sample whose episode was cut into segments (c2.rl.records) brings its earlier segments,
 and each segment takes a row of its own, in chain order. The advantage's unit is the chain:
 `batch_size` counts chains (B_c, group after group), `chain` [B] names each row's chain and
@@ -21,6 +32,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from c2.model.config import ModelConfig
+from c2.model.flash import BRANCH_STRIDE
 from c2.rl.records import Sample
 
 # [B, T] arrays, [B] arrays, and routing [L_moe, B, T, k]: everything the RL step reads.
@@ -36,19 +48,33 @@ TOKEN_KEYS = (
 ROW_KEYS = ("temperature", "top_p", "top_k", "valid", "chain")
 CHAIN_KEYS = ("chain_valid",)  # [B_c]: per chain
 BATCH_KEYS = (*TOKEN_KEYS, "routing", *ROW_KEYS, *CHAIN_KEYS)
+# Packed groups: [R, W] per position (sampling settings too: a row holds several samples), the
+# routing [L_moe, R, W, k], and packed_index [B, T].
+PACKED_TOKEN_KEYS = (
+    "packed_inputs",
+    "packed_positions",
+    "packed_segment_ids",
+    "packed_targets",
+    "packed_temperature",
+    "packed_top_k",
+    "packed_top_p",
+)
+PACKED_KEYS = (*PACKED_TOKEN_KEYS, "packed_routing", "packed_index")
 
 
 def _name(s: Sample) -> str:
     return f"sample {s.group_id}/{s.sample_index} (prompt {s.prompt_id})"
 
 
-def choose_bucket(length: int, seq_buckets: Sequence[int], what: str = "the batch") -> int:
+def choose_bucket(
+    length: int, seq_buckets: Sequence[int], what: str = "the batch", name: str = "seq_buckets"
+) -> int:
     """The smallest bucket >= length; a ValueError naming `what` and the buckets if none is."""
     for bucket in seq_buckets:
         if bucket >= length:
             return int(bucket)
     raise ValueError(
-        f"{what} has {length} tokens; the largest of seq_buckets={tuple(seq_buckets)} is "
+        f"{what} has {length} tokens; the largest of {name}={tuple(seq_buckets)} is "
         f"{max(seq_buckets)} (add a bucket or cap episode length)"
     )
 
@@ -105,13 +131,15 @@ def make_batch(
     pad_id: int,
     group_size: int | None = None,
     rows: int | None = None,
+    pack_buckets: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The samples (complete groups, in order) as one batch of fixed shapes; see the module doc.
 
     With `group_size`, also checks the layout the advantage estimators assume: consecutive runs
     of `group_size` samples sharing a group_id, and batch_size a multiple of group_size.
     batch_size counts chains; `rows` (default: the smallest multiple of batch_size that holds
-    every segment) the rows.
+    every segment) the rows. `pack_buckets` (needs group_size; no chains) adds the packed
+    groups' arrays.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
@@ -163,6 +191,96 @@ def make_batch(
         out["top_k"][b] = s.top_k
         out["valid"][b] = True
         out["chain"][b] = c
+    if pack_buckets is not None:
+        out |= pack_groups(
+            samples,
+            batch_size=batch_size,
+            group_size=group_size,
+            shape=(B, T),
+            pack_buckets=pack_buckets,
+            cfg=cfg,
+            pad_id=pad_id,
+        )
+    return out
+
+
+def trunk_length(group: Sequence[Sample]) -> int:
+    """How many leading tokens a group's samples can share in a packed row: those before the
+    last one that all of them hold equal (ids and recorded experts) before any generated token.
+    (The last shared token stays in each branch: its prediction is a sample's first target.)"""
+    first = min(int(np.argmax(s.loss_mask > 0)) if s.loss_mask.any() else s.length for s in group)
+    n = min(first, min(s.length for s in group))
+    ref = group[0]
+    for s in group[1:]:
+        same = (s.tokens[:n] == ref.tokens[:n]) & np.all(
+            s.routing[:n] == ref.routing[:n], axis=(1, 2)
+        )
+        n = n if same.all() else int(np.argmin(same))
+    return max(n - 1, 0)
+
+
+def pack_groups(
+    samples: Sequence[Sample],
+    *,
+    batch_size: int,
+    group_size: int | None,
+    shape: tuple[int, int],
+    pack_buckets: Sequence[int],
+    cfg: ModelConfig,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
+    """The `packed_*` arrays of make_batch (module doc): one row per group, trunk then branches."""
+    if group_size is None:
+        raise ValueError("pack_buckets needs group_size: a packed row holds one group")
+    if any(len(s.chain) > 1 for s in samples):
+        raise ValueError(
+            "pack_buckets: samples with segments (context management) cannot be packed; "
+            "a packed row holds one prompt's single-segment samples"
+        )
+    buckets = tuple(pack_buckets)
+    if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 2:
+        raise ValueError(f"pack_buckets={buckets!r}: expected a sorted tuple of distinct ints >= 2")
+    groups = [samples[i : i + group_size] for i in range(0, len(samples), group_size)]
+    trunks = [trunk_length(g) for g in groups]
+    lengths = [t + sum(s.length - t for s in g) for t, g in zip(trunks, groups)]
+    for g, n in zip(groups, lengths):
+        choose_bucket(n, buckets, f"the packed row of group {g[0].group_id}", "pack_buckets")
+    R, W = batch_size // group_size, choose_bucket(max(lengths, default=0), buckets)
+    L, k = cfg.n_moe_layers, cfg.n_experts_per_token
+    out = {
+        "packed_inputs": np.full((R, W), pad_id, np.int32),
+        "packed_positions": np.zeros((R, W), np.int32),
+        "packed_segment_ids": np.zeros((R, W), np.int32),
+        "packed_targets": np.full((R, W), pad_id, np.int32),
+        "packed_temperature": np.ones((R, W), np.float32),
+        "packed_top_k": np.zeros((R, W), np.int32),
+        "packed_top_p": np.ones((R, W), np.float32),
+        "packed_routing": np.broadcast_to(np.arange(k, dtype=np.int32), (L, R, W, k)).copy(),
+        "packed_index": np.zeros(shape, np.int32),
+    }
+    for r, (group, t) in enumerate(zip(groups, trunks)):
+        first = group[0]
+        out["packed_inputs"][r, :t] = first.tokens[:t]
+        out["packed_positions"][r, :t] = np.arange(t)
+        out["packed_segment_ids"][r, :t] = 1
+        out["packed_routing"][:, r, :t] = np.asarray(first.routing[:t], np.int32).transpose(1, 0, 2)
+        at = t
+        for j, s in enumerate(group, 1):
+            n = s.length - t  # the branch: tokens t .. length - 1
+            span = slice(at, at + n)
+            out["packed_inputs"][r, span] = s.tokens[t:]
+            out["packed_positions"][r, span] = np.arange(t, s.length)
+            out["packed_segment_ids"][r, span] = 1 + j * BRANCH_STRIDE
+            out["packed_targets"][r, at : at + n - 1] = s.tokens[t + 1 :]
+            out["packed_temperature"][r, span] = s.temperature
+            out["packed_top_k"][r, span] = s.top_k
+            out["packed_top_p"][r, span] = s.top_p
+            routing = np.asarray(s.routing[t:], np.int32).transpose(1, 0, 2)
+            out["packed_routing"][:, r, span] = routing
+            # Sample position t + i (target t + i + 1) is branch position i.
+            b = r * group_size + j - 1
+            out["packed_index"][b, t : s.length - 1] = r * W + np.arange(at, at + n - 1)
+            at += n
     return out
 
 

@@ -40,7 +40,14 @@ from c2 import sharding, xla_cpu
 from c2.infer.sampling import sampling_logprobs
 from c2.model.config import ModelConfig
 from c2.model.layers import rms_norm
-from c2.rl.batching import BATCH_KEYS, CHAIN_KEYS, ROW_KEYS, TOKEN_KEYS
+from c2.rl.batching import (
+    BATCH_KEYS,
+    CHAIN_KEYS,
+    PACKED_KEYS,
+    PACKED_TOKEN_KEYS,
+    ROW_KEYS,
+    TOKEN_KEYS,
+)
 from c2.rl.objectives import (
     REWARD_SIGNS,
     EffortWeights,
@@ -81,9 +88,13 @@ def _place(x, sharding: NamedSharding) -> jax.Array:
 
 def _target_logps(logits_BTV, targets_BT, *, temperature, top_k, top_p):
     """(log-prob of each target under its row's sampling distribution, finite; whether the
-    target is in that distribution's support; its log-prob under logits / temperature alone)."""
+    target is in that distribution's support; its log-prob under logits / temperature alone).
+    The sampling settings are per row [B] or per position [B, T] (packed groups)."""
     B, T, V = logits_BTV.shape
-    per_token = lambda x_B: jnp.broadcast_to(x_B[:, None], (B, T)).reshape(B * T)  # noqa: E731
+
+    def per_token(x):
+        return jnp.broadcast_to(x if x.ndim == 2 else x[:, None], (B, T)).reshape(B * T)
+
     # Which ids each row's sampling distribution keeps: a piecewise-constant choice, so it is
     # found without gradient (no sort in the backward pass); the log-prob is then
     # differentiated through one masked logsumexp, never a [B*T, V] log-softmax.
@@ -96,8 +107,8 @@ def _target_logps(logits_BTV, targets_BT, *, temperature, top_k, top_p):
         ).reshape(B, T, V)
         > -jnp.inf
     )
-    temperature_B = jnp.where(temperature > 0, temperature, 1.0)  # greedy: 1
-    scaled_BTV = logits_BTV / temperature_B[:, None, None]
+    temperature_BT = per_token(jnp.where(temperature > 0, temperature, 1.0)).reshape(B, T)  # greedy
+    scaled_BTV = logits_BTV / temperature_BT[..., None]
     take = lambda x_BTV: jnp.take_along_axis(x_BTV, targets_BT[..., None], -1)[..., 0]  # noqa: E731
     target_BT, in_support_BT = take(scaled_BTV), take(support_BTV)
     logp_BT = target_BT - jax.nn.logsumexp(jnp.where(support_BTV, scaled_BTV, -jnp.inf), -1)
@@ -136,6 +147,7 @@ class RLLearner:
         router_replay: bool = True,
         logit_chunk_tokens: int = 0,
         single_forward: bool = False,
+        packed_attention_block: int = 128,
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -160,6 +172,13 @@ class RLLearner:
         self.single_forward = bool(single_forward)
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
+        # Packed groups' rows attend blockwise: dense attention would score every branch against
+        # every other; blocks that no query can see (another branch, the future) are skipped.
+        self._packed_cfg = self._fwd_cfg.replace(
+            attention_impl="blockwise",
+            attention_block_q=packed_attention_block,
+            attention_block_kv=packed_attention_block,
+        )
 
         self.batch_devices = sharding.axis_size(mesh, sharding.BATCH_AXES)
         if (
@@ -213,6 +232,8 @@ class RLLearner:
         self._specs = {k: token_spec for k in TOKEN_KEYS}
         self._specs |= {k: P(token_spec[0]) for k in ROW_KEYS}
         self._specs["routing"] = P(None, *token_spec, None)  # [L_moe, B, T, k]
+        self._specs |= {k: token_spec for k in (*PACKED_TOKEN_KEYS, "packed_index")}
+        self._specs["packed_routing"] = self._specs["routing"]
         self._specs |= {k: P() for k in CHAIN_KEYS}  # [B_c]: a few values, on every device
         self._row_spec = P(token_spec[0])
         token_sharding = NamedSharding(mesh, token_spec)
@@ -344,7 +365,40 @@ class RLLearner:
         if ((chain < 0) | (chain >= C)).any():
             raise ValueError(f"batch['chain'] holds ids outside [0, B_c={C})")
         sharding.check_divisible(self.mesh, batch=B, seq=T)
+        if "packed_index" in batch or any(k in batch for k in PACKED_KEYS):
+            self._check_packed(batch, B, T)
         return B, T
+
+    def _check_packed(self, batch, B: int, T: int) -> None:
+        missing = [k for k in PACKED_KEYS if k not in batch]
+        if missing:
+            raise ValueError(f"batch lacks {missing} (make_batch's pack_buckets makes them all)")
+        shape = np.shape(batch["packed_inputs"])
+        if len(shape) != 2:
+            raise ValueError(f"batch['packed_inputs'] has shape {shape}; expected [R, W]")
+        R, W = shape
+        c = self.cfg
+        want = {k: (R, W) for k in PACKED_TOKEN_KEYS} | {"packed_index": (B, T)}
+        want["packed_routing"] = (c.n_moe_layers, R, W, c.n_experts_per_token)
+        for key, expected in want.items():
+            if np.shape(batch[key]) != expected:
+                raise ValueError(
+                    f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} "
+                    f"(R={R}, W={W} from batch['packed_inputs'], B={B}, T={T})"
+                )
+        for key in ("packed_inputs", "packed_targets", "packed_positions", "packed_segment_ids"):
+            if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
+                raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
+        index = np.asarray(batch["packed_index"])
+        if not np.issubdtype(index.dtype, np.integer) or index.min() < 0 or index.max() >= R * W:
+            raise ValueError(f"batch['packed_index'] must hold ints in [0, R * W = {R * W})")
+        if R % self.batch_devices:
+            raise ValueError(
+                f"packed rows R={R} (one per group) are not divisible by the mesh's batch axes "
+                f"{sharding.BATCH_AXES} of size {self.batch_devices}: pack more groups a step"
+            )
+        sharding.check_divisible(self.mesh, seq=W)
+        self._packed_rows_per_micro(R, B)
 
     def _check_rewards(self, terms, effort_counts, B: int):
         terms = dict(terms)
@@ -385,28 +439,42 @@ class RLLearner:
         return out_terms, out_effort
 
     def _put_batch(self, batch):
-        return {k: _place(batch[k], NamedSharding(self.mesh, self._specs[k])) for k in BATCH_KEYS}
+        keys = BATCH_KEYS + (PACKED_KEYS if "packed_index" in batch else ())
+        return {k: _place(batch[k], NamedSharding(self.mesh, self._specs[k])) for k in keys}
 
     # Micro-batches ------------------------------------------------------------------------------
 
-    def _split(self, x, axis: int):
+    def _split(self, x, axis: int, mb: int | None = None):
         """[..., B, ...] -> [n, ..., mb, ...]: micro-batch i holds rows i, i + n, ..."""
-        mb = self.micro_batch_size
+        mb = mb or self.micro_batch_size
         n = x.shape[axis] // mb
         x = x.reshape(x.shape[:axis] + (mb, n) + x.shape[axis + 1 :])
         return jnp.moveaxis(x, axis + 1, 0)
 
-    def _micro(self, arrays: dict) -> dict:
+    def _micro(self, arrays: dict, mb: int | None = None) -> dict:
         out = {}
         for k, x in arrays.items():
             if x is None:
                 continue
             axis = 1 if k == "routing" else 0
-            spec = self._specs.get(k, self._specs["target_mask"] if x.ndim == 2 else self._row_spec)
+            spec = self._specs["routing"] if k == "routing" else None
+            spec = spec or (self._specs["target_mask"] if x.ndim == 2 else self._row_spec)
             out[k] = jax.lax.with_sharding_constraint(
-                self._split(x, axis), NamedSharding(self.mesh, P(None, *spec))
+                self._split(x, axis, mb), NamedSharding(self.mesh, P(None, *spec))
             )
         return out
+
+    def _packed_rows_per_micro(self, R: int, B: int) -> int:
+        """Rows of a packed micro-batch: as many micro-batches as the samples' (B / mb) where the
+        R packed rows allow it, each a multiple of the batch axes' devices."""
+        want = max(1, -(-R * self.micro_batch_size // B))
+        for rows in range(want, R + 1):
+            if R % rows == 0 and rows % self.batch_devices == 0:
+                return rows
+        raise ValueError(
+            f"packed rows R={R} cannot be split into micro-batches spread over the mesh's batch "
+            f"axes of size {self.batch_devices}"
+        )
 
     @staticmethod
     def _merge(x_nBT):
@@ -416,7 +484,7 @@ class RLLearner:
 
     # Traced functions ---------------------------------------------------------------------------
 
-    def _token_logp(self, params, mb: dict):
+    def _token_logp(self, params, mb: dict, cfg: ModelConfig | None = None):
         """Per micro-batch [mb, T]: the sampling distribution's log-prob of each target (finite),
         whether the target is in its support, and the log-prob under logits / temperature with no
         top-k/top-p (what KL compares: the reference's support need not hold the target)."""
@@ -424,7 +492,7 @@ class RLLearner:
         logits_BTV, aux = model_lib.forward(
             params,
             mb["inputs"],
-            self._fwd_cfg,
+            cfg or self._fwd_cfg,
             positions=mb["positions"],
             segment_ids=mb["segment_ids"],
             routing=mb["routing"] if self.router_replay else None,
@@ -434,6 +502,7 @@ class RLLearner:
         settings = {k: mb[k] for k in ("temperature", "top_k", "top_p")}
         if not chunk:
             return _target_logps(logits_BTV, mb["targets"], **settings)
+        per_token = {k: v for k, v in settings.items() if v.ndim == 2}  # packed groups
         # The model's own logits are unused, so XLA drops them: the head runs per chunk.
         B, T = mb["targets"].shape
         if T % chunk:
@@ -445,11 +514,12 @@ class RLLearner:
 
         @jax.checkpoint
         def body(_, xs):
-            h_BCH, targets_BC = xs
+            h_BCH, targets_BC, chunk_settings = xs
             logits_BCV = model_lib.lm_head(params, h_BCH, self.cfg)
-            return None, _target_logps(logits_BCV, targets_BC, **settings)
+            return None, _target_logps(logits_BCV, targets_BC, **(settings | chunk_settings))
 
-        xs = (to_chunks(h_BTH, chunk), to_chunks(mb["targets"], chunk))
+        chunked = {k: to_chunks(v, chunk) for k, v in per_token.items()}
+        xs = (to_chunks(h_BTH, chunk), to_chunks(mb["targets"], chunk), chunked)
         _, out = jax.lax.scan(body, None, xs)
         return tuple(from_chunks(x_nBC) for x_nBC in out)
 
@@ -457,9 +527,28 @@ class RLLearner:
         def body(_, mb):
             return None, self._token_logp(params, mb)
 
-        rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS}
+        if "packed_index" in batch:
+            return self._logp_packed(params, batch)
+        rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS + PACKED_KEYS}
         _, out = jax.lax.scan(body, None, self._micro(rows))
         return tuple(self._merge(x_nBT) for x_nBT in out)
+
+    def _logp_packed(self, params, batch):
+        """_logp_batch's values from the packed groups' forward (c2.rl.batching): the packed
+        rows run in micro-batches, and each sample's [B, T] values are read back by
+        packed_index."""
+        packed = {
+            k.removeprefix("packed_"): batch[k] for k in (*PACKED_TOKEN_KEYS, "packed_routing")
+        }
+        R, W = packed["inputs"].shape
+        rows = self._packed_rows_per_micro(R, batch["inputs"].shape[0])
+
+        def body(_, mb):
+            return None, self._token_logp(params, mb, self._packed_cfg)
+
+        _, out = jax.lax.scan(body, None, self._micro(packed, rows))
+        index_BT = batch["packed_index"]
+        return tuple(self._merge(x_nRW).reshape(R * W)[index_BT] for x_nRW in out)
 
     def _rewards(self, kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step):
         """(total_B, combine_rewards' log, kl_B): the environment's terms plus k1 and length."""

@@ -217,6 +217,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         router_replay=r.router_replay,
         single_forward=r.single_forward,
         logit_chunk_tokens=int(config.train.loss_chunk_tokens),
+        packed_attention_block=int(r.pack_attention_block),
     )
     rollouts_dir = workdir / "rollouts"
     if primary:
@@ -297,6 +298,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 cfg=cfg,
                 pad_id=tokenizer.pad_id,
                 group_size=G,
+                pack_buckets=tuple(r.pack_buckets) if r.pack_groups else None,
             )
             terms, effort = reward_arrays(samples, len(samples))
             evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)

@@ -27,6 +27,26 @@ def _packed(B, T):
     return jnp.asarray(np.stack(rows[:B]), jnp.int32)
 
 
+def _tree(B, T):
+    """Row 0: a trunk (segment 3), three branches of it, a padding tail; row 1: a document, a
+    trunk (segment 1) with two branches, then a plain document after them."""
+    n = T // 8
+    trunk, br = np.full(2 * n, 3), [np.full(n + j, 3 + j * flash.BRANCH_STRIDE) for j in (1, 2, 3)]
+    row0 = np.concatenate([trunk, *br])
+    row0 = np.concatenate([row0, np.zeros(T - len(row0))])
+    row1 = np.concatenate(
+        [
+            np.full(n, 2),
+            np.full(n, 1),
+            np.full(2 * n, 1 + flash.BRANCH_STRIDE),
+            np.full(n, 1 + 2 * flash.BRANCH_STRIDE),
+        ]
+    )
+    row1 = np.concatenate([row1, np.full(T - len(row1), 5)])
+    rows = [row0, row1] + [np.full(T, 1)] * (B - 2)
+    return jnp.asarray(np.stack(rows[:B]), jnp.int32)
+
+
 def _dense(q, k, v, seg, scale):
     idx = jnp.broadcast_to(jnp.arange(q.shape[1]), seg.shape)
     return attention.attend(q, k, v, attention.attention_mask(seg, seg, idx, idx), scale)
@@ -51,6 +71,7 @@ CASES = {
     "gqa": (2, 64, 8, 2, 8, 8, True, 32, 16),
     "uneven": (2, 37, 4, 2, 8, 12, True, 8, 16),  # T not a multiple of either block: padded
     "one_block": (1, 20, 2, 1, 8, 8, True, 512, 512),  # blocks larger than T
+    "branches": (2, 64, 4, 2, 16, 8, "tree", 8, 16),  # branches see their trunk
 }
 
 
@@ -58,11 +79,33 @@ CASES = {
 def test_blockwise_equals_dense_forward_and_grads(case):
     B, T, N, Kh, d, dv, packed, bq, bk = CASES[case]
     q, k, v, r = _inputs(B, T, N, Kh, d, dv)
-    seg = _packed(B, T) if packed else jnp.ones((B, T), jnp.int32)
+    seg = {False: jnp.ones((B, T), jnp.int32), True: _packed(B, T), "tree": _tree(B, T)}[packed]
     scale = d**-0.5
     want = _value_and_grads(lambda q, k, v: _dense(q, k, v, seg, scale), q, k, v, r)
     got = _value_and_grads(jax.jit(lambda q, k, v: _flash(q, k, v, seg, scale, bq, bk)), q, k, v, r)
     chex.assert_trees_all_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_a_branch_sees_its_trunk_and_itself_alone():
+    """Tree segments (flash.BRANCH_STRIDE): each branch's outputs equal attention over the
+    sequence trunk + that branch alone; the trunk's equal the trunk alone."""
+    T = 64
+    q, k, v, _ = _inputs(1, T, 4, 2, 16, 8)
+    seg = _tree(1, T)
+    got = _dense(q, k, v, seg, 0.25)
+    ids = np.asarray(seg[0])
+    trunk = np.flatnonzero(ids == 3)
+    for j in (1, 2, 3):
+        branch = np.flatnonzero(ids == 3 + j * flash.BRANCH_STRIDE)
+        rows = np.concatenate([trunk, branch])
+        one = jnp.ones((1, len(rows)), jnp.int32)
+        want = _dense(q[:, rows], k[:, rows], v[:, rows], one, 0.25)
+        np.testing.assert_allclose(got[:, branch], want[:, len(trunk) :], atol=1e-6)
+        np.testing.assert_allclose(got[:, trunk], want[:, : len(trunk)], atol=1e-6)
+    assert flash.segments_match(3 + flash.BRANCH_STRIDE, 3) and not flash.segments_match(
+        3, 3 + flash.BRANCH_STRIDE
+    )
+    assert not flash.segments_match(3 + flash.BRANCH_STRIDE, 3 + 2 * flash.BRANCH_STRIDE)
 
 
 def test_blockwise_bf16_tracks_dense():

@@ -149,3 +149,68 @@ def test_reward_arrays():
     odd = sample(5, 2, group="gz", index=4, reward_terms={"task": 1.0})
     with pytest.raises(ValueError, match=r"sample gz/4.*reward_terms lacks \['style'\]"):
         reward_arrays(samples + [odd], 4)
+
+
+def group_sharing(n_prompt, lengths, *, group="g0", seed=0):
+    """A group whose samples share their first n_prompt tokens and those tokens' experts."""
+    first = sample(max(lengths), n_prompt, group=group, seed=seed)
+    out = []
+    for i, n in enumerate(lengths):
+        s = sample(n, n_prompt, group=group, index=i, seed=seed + 10 + i)
+        s.tokens[:n_prompt], s.routing[:n_prompt] = (
+            first.tokens[:n_prompt],
+            first.routing[:n_prompt],
+        )
+        out.append(s)
+    return out
+
+
+def test_packed_rows_hold_each_prompt_once_and_every_sample_whole():
+    """A packed row: the trunk (the shared prompt less its last token) once, then each sample's
+    rest as a branch; reading the trunk and a branch back gives the sample's tokens, positions
+    and experts, and packed_index finds each of its targets."""
+    samples = group_sharing(6, [9, 12, 7]) + group_sharing(4, [5, 11, 8], group="g1", seed=5)
+    kw = dict(batch_size=6, seq_buckets=(16,), cfg=CFG, pad_id=PAD, group_size=3)
+    b = make_batch(samples, pack_buckets=(16, 32), **kw)
+    assert b["packed_inputs"].shape == (2, 32) and b["packed_index"].shape == (6, 16)
+    for r, (group, trunk) in enumerate([(samples[:3], 5), (samples[3:], 3)]):
+        seg = b["packed_segment_ids"][r]
+        assert (seg == 1).sum() == trunk
+        for j, s in enumerate(group, 1):
+            cols = np.concatenate([np.flatnonzero(seg == 1), np.flatnonzero(seg == 1 + j * 2**20)])
+            np.testing.assert_array_equal(b["packed_inputs"][r, cols], s.tokens)
+            np.testing.assert_array_equal(b["packed_positions"][r, cols], np.arange(s.length))
+            routing = b["packed_routing"][:, r, cols].transpose(1, 0, 2)
+            np.testing.assert_array_equal(routing, s.routing)
+            np.testing.assert_allclose(b["packed_temperature"][r, cols[trunk:]], s.temperature)
+            row = r * 3 + j - 1
+            mask = b["target_mask"][row] > 0
+            got = b["packed_targets"].reshape(-1)[b["packed_index"][row]]
+            np.testing.assert_array_equal(got[mask], b["targets"][row][mask])
+        assert (seg[(seg == 1).sum() + sum(s.length - trunk for s in group) :] == 0).all()
+
+
+def test_trunk_stops_where_the_group_differs():
+    """Experts recorded differently, or a sample generating early, shorten the shared trunk;
+    a group with nothing in common packs as branches alone."""
+    from c2.rl.batching import trunk_length
+
+    group = group_sharing(6, [9, 12, 7])
+    assert trunk_length(group) == 5
+    group[2].routing[3] = (group[2].routing[3] + 1) % CFG.n_experts
+    assert trunk_length(group) == 2
+    group[1].loss_mask[2:] = 1
+    assert trunk_length(group) == 1
+    assert trunk_length([sample(9, 4, seed=1), sample(9, 4, seed=2)]) == 0
+
+
+def test_packing_errors_are_named():
+    samples = group_sharing(6, [9, 12, 7])
+    kw = dict(batch_size=3, seq_buckets=(16,), cfg=CFG, pad_id=PAD)
+    with pytest.raises(ValueError, match="pack_buckets needs group_size"):
+        make_batch(samples, pack_buckets=(32,), **kw)
+    with pytest.raises(
+        ValueError,
+        match=r"the packed row of group g0 has 18 tokens; the largest of pack_buckets=\(16,\)",
+    ):
+        make_batch(samples, pack_buckets=(16,), group_size=3, **kw)

@@ -61,6 +61,23 @@ def test_mistakes_name_the_field(field, value, match):
         validate_rl(config, num_devices=1)
 
 
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("pack_buckets", (2048, 1024), r"config\.rl\.pack_buckets=\(2048, 1024\): expected incr"),
+        ("context_management", "self_summary", r"pack_groups needs config\.rl\.context_manag"),
+        ("pack_attention_block", 0, r"config\.rl\.pack_attention_block=0: expected a positive"),
+    ],
+)
+def test_packing_mistakes_name_the_field(field, value, match):
+    config = rl_stage_defaults()
+    config.rl.pack_groups = True
+    validate_rl(config, num_devices=1)
+    config.rl[field] = value
+    with pytest.raises(ConfigError, match=match):
+        validate_rl(config, num_devices=1)
+
+
 def test_unknown_rl_field_is_named():
     config = rl_stage_defaults()
     config.rl.grop_size = 8

@@ -406,6 +406,96 @@ def test_sharded_equals_single_device(params, reference, random_batch, single_fo
     assert new["moe_layers"]["mlp"]["w_gate"].sharding.spec[1] == "expert"
 
 
+def grouped_samples(n_groups, seed=0):
+    """Groups whose samples share their prompt (ids and experts) and sampling settings that vary
+    within the group: what packing shares, and what it must keep apart."""
+    rng = np.random.default_rng(seed)
+    settings = [{}, {"temperature": 0.7}, {"top_p": 0.9}, {"top_k": 16, "temperature": 0.8}]
+    samples = []
+    for g in range(n_groups):
+        n_prompt = int(rng.integers(6, 11))
+        prompt = rng.integers(0, CFG.vocab_size, n_prompt)
+        routing = np.argsort(rng.random((n_prompt, CFG.n_moe_layers, CFG.n_experts)), -1)
+        for i in range(G):
+            n = int(rng.integers(n_prompt + 2, T + 1))
+            tokens = np.concatenate([prompt, rng.integers(0, CFG.vocab_size, n - n_prompt)])
+            own = np.argsort(rng.random((n, CFG.n_moe_layers, CFG.n_experts)), -1)
+            own[:n_prompt] = routing
+            rewards = {
+                "task": float(rng.integers(0, 2)),
+                "style": float(rng.random()),
+                "tool_call_penalty": float(rng.integers(0, 3)),
+            }
+            samples.append(
+                make_sample(
+                    tokens,
+                    n_prompt,
+                    g,
+                    i,
+                    rng,
+                    routing=own[..., : CFG.n_experts_per_token],
+                    reward_terms=rewards,
+                    **settings[i],
+                )
+            )
+    return samples
+
+
+PACK = (64, 128)
+
+
+@pytest.fixture(scope="module")
+def grouped(params, learner):
+    """The same grouped samples as plain rows and as packed groups (one row per prompt)."""
+    samples = grouped_samples(B // G)
+    kw = dict(batch_size=B, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    plain = with_behaviour(learner, params, make_batch(samples, **kw), noise=0.05)
+    packed = make_batch(samples, pack_buckets=PACK, **kw)
+    packed["behaviour_logp"] = plain["behaviour_logp"]
+    terms, effort = reward_arrays(samples, B)
+    return plain, packed, terms, effort
+
+
+def test_packed_groups_give_the_same_logprobs_and_update(params, learner, grouped):
+    """One row per group (the prompt once, each sample a branch that sees it): the log-probs of
+    every target, and the update, equal the plain rows' (one forward or two, logits chunked
+    or whole); the packed rows are shorter than the plain rows' tokens."""
+    plain, packed, terms, effort = grouped
+    assert packed["packed_inputs"].shape == (B // G, 128)
+    assert (packed["packed_segment_ids"] > 0).sum() < (plain["segment_ids"] > 0).sum()
+    mask = plain["target_mask"] > 0
+    np.testing.assert_array_equal(
+        packed["packed_targets"].reshape(-1)[packed["packed_index"]][mask], plain["targets"][mask]
+    )
+    want_logp = np.asarray(learner.logprobs(params, plain))
+    got_logp = np.asarray(learner.logprobs(params, packed))
+    np.testing.assert_allclose(got_logp[mask], want_logp[mask], atol=2e-5)
+    want = host(run_update(learner, params, plain, terms, effort)[::2])
+    for kw in ({}, {"single_forward": True}, {"single_forward": True, "logit_chunk_tokens": 16}):
+        got = host(
+            run_update(make_learner(ONE_DEVICE, MICRO, **kw), params, packed, terms, effort)[::2]
+        )
+        chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_groups_sharded_equal_single_device(params, learner, grouped):
+    """Packed rows over 8 devices (data 2, fsdp 2, expert 2) give the one-device update."""
+    plain, packed, terms, effort = grouped
+    want = host(run_update(learner, params, plain, terms, effort)[::2])
+    wide = make_learner(sharding.make_mesh(data=2, fsdp=2, expert=2), 8, single_forward=True)
+    with pytest.raises(ValueError, match=r"packed rows R=2 \(one per group\) are not divisible"):
+        run_update(wide, params, packed, terms, effort)
+    samples = grouped_samples(8, seed=1)
+    kw = dict(batch_size=4 * G * 2, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    plain8 = with_behaviour(learner, params, make_batch(samples, **kw), noise=0.05)
+    packed8 = make_batch(samples, pack_buckets=PACK, **kw)
+    packed8["behaviour_logp"] = plain8["behaviour_logp"]
+    terms8, effort8 = reward_arrays(samples, 4 * G * 2)
+    want = host(run_update(make_learner(ONE_DEVICE, 8), params, plain8, terms8, effort8)[::2])
+    got = host(run_update(wide, params, packed8, terms8, effort8)[::2])
+    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_router_bias_and_frozen_leaves_do_not_move(params, reference):
     """No aux-loss-free bias update in RL, and the optimiser's frozen leaves (router bias, final
     norm) stay bit for bit; the other leaves move."""
