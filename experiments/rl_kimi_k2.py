@@ -56,6 +56,9 @@ def get_config(arg=None):
     c.rl.prompts_per_step = 64
     c.rl.micro_batch_size = 256  # one 32k-token sequence per device per micro-batch
     c.rl.seq_buckets = (8192, 16384, 32768)
+    # A packed row holds a whole group: 16 episodes of up to 32k tokens would be one 500k-token
+    # row; at this length the group's shared prompt is a small part of each sample anyway.
+    c.rl.pack_groups = False
     c.rl.rollout.max_tokens = 32768
     c.rl.rollout.max_turn_tokens = 8192
     c.rl.rollout.max_turns = 100

@@ -132,6 +132,7 @@ def make_batch(
     group_size: int | None = None,
     rows: int | None = None,
     pack_buckets: Sequence[int] | None = None,
+    pack_rows: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The samples (complete groups, in order) as one batch of fixed shapes; see the module doc.
 
@@ -139,7 +140,8 @@ def make_batch(
     of `group_size` samples sharing a group_id, and batch_size a multiple of group_size.
     batch_size counts chains; `rows` (default: the smallest multiple of batch_size that holds
     every segment) the rows. `pack_buckets` (needs group_size; no chains) adds the packed
-    groups' arrays.
+    groups' arrays, `pack_rows` rows of them (default: a row per group of batch_size; more
+    rows are padding, e.g. to spread them over the devices).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
@@ -200,6 +202,7 @@ def make_batch(
             pack_buckets=pack_buckets,
             cfg=cfg,
             pad_id=pad_id,
+            rows=pack_rows,
         )
     return out
 
@@ -228,8 +231,10 @@ def pack_groups(
     pack_buckets: Sequence[int],
     cfg: ModelConfig,
     pad_id: int,
+    rows: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """The `packed_*` arrays of make_batch (module doc): one row per group, trunk then branches."""
+    """The `packed_*` arrays of make_batch (module doc): one row per group, trunk then branches;
+    `rows` rows (default batch_size / group_size), those past the groups padding."""
     if group_size is None:
         raise ValueError("pack_buckets needs group_size: a packed row holds one group")
     if any(len(s.chain) > 1 for s in samples):
@@ -245,7 +250,10 @@ def pack_groups(
     lengths = [t + sum(s.length - t for s in g) for t, g in zip(trunks, groups)]
     for g, n in zip(groups, lengths):
         choose_bucket(n, buckets, f"the packed row of group {g[0].group_id}", "pack_buckets")
-    R, W = batch_size // group_size, choose_bucket(max(lengths, default=0), buckets)
+    n_groups = batch_size // group_size
+    if rows is not None and rows < n_groups:
+        raise ValueError(f"pack_rows={rows}: fewer rows than the batch's {n_groups} groups")
+    R, W = rows or n_groups, choose_bucket(max(lengths, default=0), buckets)
     L, k = cfg.n_moe_layers, cfg.n_experts_per_token
     out = {
         "packed_inputs": np.full((R, W), pad_id, np.int32),

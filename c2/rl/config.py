@@ -61,8 +61,10 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # Each group's prompt once in the learner's forwards: a row per group, the shared prompt as a
     # trunk and every sample's rest as a branch that sees it (c2.rl.batching, "packed groups";
     # blockwise attention of `pack_attention_block`, which skips branch-to-branch blocks). The
-    # same log-probs and update; W from pack_buckets (one compile per bucket).
-    r.pack_groups = False
+    # same log-probs and update; W from pack_buckets (one compile per bucket). With two forwards
+    # (single_forward False) only the log-prob passes are packed, not the gradients' forwards.
+    # Needs context_management "none" (a chain's later segments start from their summaries).
+    r.pack_groups = True
     r.pack_buckets = (1024, 2048, 3072, 4096)
     r.pack_attention_block = 128
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
@@ -285,12 +287,6 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.micro_batch_size={r.micro_batch_size} is not divisible by the mesh's "
             f"batch axes {sharding.BATCH_AXES} of total size {batch_devices}: every micro-batch "
             "is spread over all of them"
-        )
-    if r.pack_groups and r.prompts_per_step % batch_devices:
-        raise ConfigError(
-            f"config.rl.pack_groups: prompts_per_step={r.prompts_per_step} (a packed row each) is "
-            f"not divisible by the mesh's batch axes {sharding.BATCH_AXES} of total size "
-            f"{batch_devices}"
         )
     if r.rollout.max_tokens > cfg.max_seq_len:
         raise ConfigError(

@@ -137,6 +137,40 @@ class Sample:
         }
 
 
+def sample_from_record(record: dict) -> Sample:
+    """A Sample from one record of `read_rollouts` (its routing read: `routed_experts`), as the
+    trainer held it; one segment (earlier segments of a chain are records of their own)."""
+    if "routed_experts" not in record:
+        raise ValueError(
+            f"record {record.get('group_id')}/{record.get('sample_index')} has no routed_experts "
+            "(read it with read_rollouts(..., with_routing=True))"
+        )
+    sampling = record.get("sampling", {})
+    return Sample(
+        prompt_id=record["prompt_id"],
+        group_id=record["group_id"],
+        sample_index=record["sample_index"],
+        task_id=record.get("task_id", ""),
+        tokens=np.asarray(record["tokens"], np.int32),
+        loss_mask=np.asarray(record["loss_mask"], np.uint8),
+        logprobs=np.asarray(record["logprobs"], np.float32),
+        versions=np.asarray(record["versions"], np.int32),
+        routing=np.asarray(record["routed_experts"]),
+        temperature=float(sampling.get("temperature", 1.0)),
+        top_p=float(sampling.get("top_p", 1.0)),
+        top_k=int(sampling.get("top_k", 0)),
+        reward_terms=dict(record["reward_terms"]),
+        effort=dict(record.get("effort") or {}),
+        passed=bool(record["passed"]),
+        stop_reason=record.get("stop_reason") or "",
+        failure_reason=record.get("failure_reason"),
+        reward=record.get("reward"),
+        trained_step=record.get("trained_step"),
+        info=dict(record.get("info") or {}),
+        segment=int(record.get("segment", 0)),
+    )
+
+
 def _compress(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)

@@ -19,6 +19,13 @@ update does not depend on the micro-batch size. The current policy's log-probs c
 whole-batch steps need them), then each micro-batch's gradient runs its forward again; with
 `single_forward` one forward serves both (jax.vjp keeps its activations for the backward): the
 same update, one forward less a step, the whole batch's activations in memory at once.
+
+Packed groups (a batch from make_batch with `pack_buckets`): the log-prob forwards run on the
+packed rows, a row per group with the prompt once (c2.rl.batching), in blockwise attention of
+`packed_attention_block` (which skips the blocks where one branch would face another), and
+`packed_index` reads each sample's values back into the [B, T] layout everything after the
+forward uses. With `single_forward` that forward is also the gradient's; with two forwards the
+micro-batches' gradient forwards run on the plain rows.
 No aux-loss-free router-bias update here: the router's experts are replayed, and the bias stays
 as the RL start left it.
 """
@@ -128,6 +135,7 @@ class RLLearner:
       positions (`c2.train.losses.to_chunks`, every row at once) in a rematerialised scan: the
       same values, and no [B, T, V] float32 logits in the step (`config.train.loss_chunk_tokens`;
       must divide every sequence bucket). 0: whole.
+    packed_attention_block: the query and key block of the packed rows' blockwise attention.
     """
 
     def __init__(

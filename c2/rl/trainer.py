@@ -235,6 +235,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     if not primary:
         return _follow(learner, (params, opt_state, ref_params), ckpt, start, steps, config)
     G, P = r.group_size, r.prompts_per_step
+    # A packed row per group, padded up to a multiple of the batch axes' devices.
+    pack_rows = -(-P // learner.batch_devices) * learner.batch_devices
     scheduler = orchestrator.Scheduler(P, G, r.max_staleness, trained=len(ledger.consumed))
     prompts = ledger.take(len(order))
     request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)
@@ -299,6 +301,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 pad_id=tokenizer.pad_id,
                 group_size=G,
                 pack_buckets=tuple(r.pack_buckets) if r.pack_groups else None,
+                pack_rows=pack_rows,
             )
             terms, effort = reward_arrays(samples, len(samples))
             evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)

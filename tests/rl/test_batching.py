@@ -188,6 +188,11 @@ def test_packed_rows_hold_each_prompt_once_and_every_sample_whole():
             got = b["packed_targets"].reshape(-1)[b["packed_index"][row]]
             np.testing.assert_array_equal(got[mask], b["targets"][row][mask])
         assert (seg[(seg == 1).sum() + sum(s.length - trunk for s in group) :] == 0).all()
+    # More rows (spread over devices): the extra ones are padding, the rest unchanged.
+    wide = make_batch(samples, pack_buckets=(16, 32), pack_rows=4, **kw)
+    assert wide["packed_inputs"].shape == (4, 32) and not wide["packed_segment_ids"][2:].any()
+    for key in ("packed_inputs", "packed_segment_ids", "packed_index"):
+        np.testing.assert_array_equal(wide[key][: len(b[key])], b[key])
 
 
 def test_trunk_stops_where_the_group_differs():
@@ -209,6 +214,8 @@ def test_packing_errors_are_named():
     kw = dict(batch_size=3, seq_buckets=(16,), cfg=CFG, pad_id=PAD)
     with pytest.raises(ValueError, match="pack_buckets needs group_size"):
         make_batch(samples, pack_buckets=(32,), **kw)
+    with pytest.raises(ValueError, match="pack_rows=0: fewer rows than the batch's 1 groups"):
+        make_batch(samples, pack_buckets=(32,), pack_rows=0, group_size=3, **kw)
     with pytest.raises(
         ValueError,
         match=r"the packed row of group g0 has 18 tokens; the largest of pack_buckets=\(16,\)",

@@ -1,6 +1,7 @@
 """The episode driver: token stream exactness, masks, tool calls through the sandbox, budgets,
 rewards, and the real engine under concurrency (never stepping an idle engine)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -12,7 +13,7 @@ from c2.envs.tasks import write_task
 from c2.infer.engine import Engine
 from c2.infer.records import Completion, Trajectory
 from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
-from c2.rl.records import read_rollouts, write_rollouts
+from c2.rl.records import read_rollouts, sample_from_record, write_rollouts
 
 L_MOE, K = 2, 2
 
@@ -232,6 +233,13 @@ def test_rollout_records_round_trip(tmp_path, chat, sandbox):
     for s, r in zip(samples, records):
         assert r["tokens"] == s.tokens.tolist() and r["loss_mask"] == s.loss_mask.tolist()
         np.testing.assert_array_equal(r["routed_experts"], s.routing)
+        back = sample_from_record(r)  # the sample as the trainer held it (logprobs to 1e-6)
+        for field in dataclasses.fields(s):
+            want, got = getattr(s, field.name), getattr(back, field.name)
+            if isinstance(want, np.ndarray):
+                np.testing.assert_allclose(got, want, atol=1e-6, err_msg=field.name)
+            else:
+                assert got == want, field.name
     assert (
         "routed_experts" not in line and (tmp_path / "rollouts" / line["routing"]["file"]).is_file()
     )
