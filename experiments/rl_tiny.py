@@ -6,7 +6,8 @@ constants 1-99): only reading the instruction solves them. Episodes are generate
 each step trains 8 finished prompts x 8 samples (group size 8, single epoch: every prompt
 once), none with a token more than 2 versions older than the weights being updated
 (max_staleness 2; 0 would be synchronous), and takes one Adam step (one forward of the current
-policy serving its log-probs and its gradient: `rl.single_forward`) with the recipe's objective:
+policy serving its log-probs and its gradient: `rl.single_forward`; each group's prompt through
+the model once: `rl.pack_groups`) with the recipe's objective:
 group-mean advantages (no std normalisation), the constant-normalised token sum (no length
 normalisation), k1 KL to the RL start weights in the reward, MoE router replay of the recorded
 experts, the p99 train/inference mismatch filter and truncated importance sampling. Held-out
@@ -16,10 +17,16 @@ Command (from the shipped start policy, experiments/policies/reader_tiny):
     python -m c2.main --config=experiments/rl_tiny.py --workdir=runs/rl_tiny
 (`--config.init_from=DIR` takes another workdir or `hf:DIR`; a policy trained with YaRN needs
 its `--config.model.yarn.*` too, which the stage checks.)
-Runtime: 19 minutes on the 2-core reference machine with nothing else running (80 steps at
-12.5-13 s, generation overlapping the updates, and two held-out evaluations of 400 episodes:
-19 min 0 s measured, 2026-12-05).
-Measured (BENCHMARKS.md "RL stage"), from the shipped policy (2026-12-05): these defaults,
+Runtime: 18 minutes on the 2-core reference machine with nothing else running (120 steps at
+~8 s, generation overlapping the updates, and two held-out evaluations of 400 episodes:
+17 min 54-59 s measured in three runs, 2026-12-05).
+Measured (BENCHMARKS.md "RL stage"), from the shipped policy (2026-12-05): these defaults
+(120 steps, packed groups), held-out pass@1 0.383 -> 0.515, +0.133 [+0.08, +0.19] (paired, 95%),
+best-of-4 0.79 -> 0.84; with `--config.rl.task_seed=5` 0.363 -> 0.443, +0.080 [+0.02, +0.14],
+best-of-4 0.82 -> 0.76 (-0.06 [-0.15, +0.03]; it ended in a k1 excursion, 15 nats over steps
+112-119); with `--config.rl.task_seed=7` 0.373 -> 0.438, +0.065 [+0.01, +0.12], best-of-4
+0.77 -> 0.79 (17 min 58 s; mean of the three +0.093). With 80 steps and packed groups (seed 1,
+12 min 54 s) +0.083 [+0.04, +0.13], best-of-4 0.79 -> 0.85. Before packing, 80 steps at 12.7 s:
 held-out pass@1 0.383 -> 0.478, +0.095 [+0.06, +0.13] (paired, 95%), best-of-4 0.79 -> 0.87;
 with `--config.rl.task_seed=5` 0.363 -> 0.425, +0.063 [+0.02, +0.10], best-of-4 0.82 -> 0.88;
 seed 1 again, beside the CI suite, +0.053 [+0.01, +0.09], best-of-4 0.79 -> 0.86; with the engine
@@ -70,7 +77,9 @@ def get_config(arg=None):
     # One forward of the current policy a step, not two (the same update): 12.7 s a step, not
     # 13.7, so 80 steps fit the 20 minutes where 76 did.
     c.rl.single_forward = True
-    c.train.steps = 80  # 640 prompts, each once: steps, not samples a step, move this policy
+    # Packed groups (config.rl.pack_groups, on by default) took a step from 12.7 s to ~8 s, so
+    # 120 steps fit the 20 minutes where 80 did.
+    c.train.steps = 120  # 960 prompts, each once: steps, not samples a step, move this policy
     c.train.checkpoint_every = 6
     # The wide level (constants 1-99): only reading the instruction solves it. Seed 1: the agent
     # SFT data are seed 0's first tasks, so these prompts are new draws; held out: the eval
@@ -83,6 +92,9 @@ def get_config(arg=None):
     c.rl.micro_batch_size = 8
     c.rl.max_staleness = 2
     c.rl.seq_buckets = (512,)
+    # A packed group (a 251-token prompt once, then 8 samples' ~217 generated tokens) fills
+    # ~2,020 positions; the longest of a step's 8 fit 2,304 in 78 of the seed-1 run's 80 steps.
+    c.rl.pack_buckets = (2048, 2304, 2560, 3072, 4096)
     c.rl.rollout.max_tokens = 512
     c.rl.rollout.max_turn_tokens = 192
     c.rl.rollout.max_turns = 3
