@@ -9,14 +9,15 @@ Padding positions replay experts 0..k-1 (distinct and in range, so the replayed 
 
 Packed groups (`pack_buckets`): a group's samples share their prompt, so the model's input can
 hold it once. Each group takes one packed row (`packed_*` arrays, [R, W] with R = batch_size /
-group_size and W = the smallest of `pack_buckets` holding the longest row): its trunk, the
-tokens every sample of the group shares before its first generated one (tokens and recorded
-experts equal) less the last, then each sample's remaining tokens as a branch that sees the trunk
-and itself (segment ids `1 + j * BRANCH_STRIDE`, c2.model.flash), positions continuing the
-trunk's. Every target lies in a branch, so each sample's log-probs are read back from the packed
-forward by `packed_index` [B, T] (a flat index into [R * W]; positions without a target point
-at 0, a finite value every use masks). The per-sample arrays (targets, masks, behaviour
-log-probs) keep the layout above; only the forward's input changes.
+group_size, or `pack_rows` with padding rows, and W = the smallest of `pack_buckets` holding the
+longest row): its trunk, the tokens every sample of the group shares before its first
+generated one (tokens and recorded experts equal) less the last, then each sample's remaining
+tokens as a branch that sees the trunk and itself (segment ids `1 + j * BRANCH_STRIDE`,
+c2.model.flash), positions continuing the trunk's. Every target lies in a branch, so each
+sample's log-probs are read back from the packed forward by `packed_index` [B, T] (a flat index
+into [R * W]; positions without a target point at 0, a finite value every use masks). The
+per-sample arrays (targets, masks, behaviour log-probs) keep the layout above; only the
+forward's input changes.
 
 Chains: a sample whose episode was cut into segments (c2.rl.records) brings its earlier segments,
 and each segment takes a row of its own, in chain order. The advantage's unit is the chain:
@@ -208,9 +209,9 @@ def make_batch(
 
 
 def trunk_length(group: Sequence[Sample]) -> int:
-    """How many leading tokens a group's samples can share in a packed row: those before the
-    last one that all of them hold equal (ids and recorded experts) before any generated token.
-    (The last shared token stays in each branch: its prediction is a sample's first target.)"""
+    """The length of the trunk a group's samples share in a packed row: their longest common
+    prefix (ids and recorded experts) before any generated token, less its last token (whose
+    prediction, a sample's first target, belongs to each branch)."""
     first = min(int(np.argmax(s.loss_mask > 0)) if s.loss_mask.any() else s.length for s in group)
     n = min(first, min(s.length for s in group))
     ref = group[0]
