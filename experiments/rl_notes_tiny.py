@@ -39,7 +39,6 @@ def get_config(arg=None):
     c.rl.max_staleness = 2
     c.rl.seq_buckets = (1024,)
     c.rl.context_management = "self_summary"
-    c.rl.pack_groups = False  # chains: a later segment starts from its summary, not the prompt
     c.rl.summary.trigger_tokens = 700
     c.rl.summary.max_tokens = 96
     c.rl.summary.max_segments = 4

@@ -44,7 +44,6 @@ def bench_config(init_from: str, mode: str, seed: int, steps: int):
     c.train.checkpoint_every = steps
     c.train.progress_bar = False
     c.rl.context_management = mode
-    c.rl.pack_groups = False  # chains' later segments share no prompt (c2.rl.batching)
     return c
 
 

@@ -63,7 +63,8 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # blockwise attention of `pack_attention_block`, which skips branch-to-branch blocks). The
     # same log-probs and update; W from pack_buckets (one compile per bucket). With two forwards
     # (single_forward False) only the log-prob passes are packed, not the gradients' forwards.
-    # Needs context_management "none" (a chain's later segments start from their summaries).
+    # Only without context management: a chain's later segments start from their summaries, so
+    # with "self_summary" or "compaction" the rows stay plain (`packs_groups`).
     r.pack_groups = True
     r.pack_buckets = (1024, 2048, 3072, 4096)
     r.pack_attention_block = 128
@@ -298,15 +299,16 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     return mesh_sizes, cfg, objective_config(config), rollout_config(config)
 
 
+def packs_groups(config: ml_collections.ConfigDict) -> bool:
+    """Whether the RL stage's learner packs groups: `config.rl.pack_groups`, and no context
+    management (whose chains' later segments share no prompt)."""
+    return bool(config.rl.pack_groups) and config.rl.context_management == "none"
+
+
 def _check_packing(r: ml_collections.ConfigDict) -> None:
     buckets = tuple(r.pack_buckets)
     if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 2:
         raise ConfigError(f"config.rl.pack_buckets={buckets}: expected increasing lengths >= 2")
-    if r.context_management != "none":
-        raise ConfigError(
-            f"config.rl.pack_groups needs config.rl.context_management='none' (got "
-            f"{r.context_management!r}): a packed row holds one prompt's single-segment samples"
-        )
     if isinstance(r.pack_attention_block, bool) or not r.pack_attention_block > 0:
         raise ConfigError(
             f"config.rl.pack_attention_block={r.pack_attention_block!r}: expected a positive int"

@@ -300,7 +300,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 cfg=cfg,
                 pad_id=tokenizer.pad_id,
                 group_size=G,
-                pack_buckets=tuple(r.pack_buckets) if r.pack_groups else None,
+                pack_buckets=tuple(r.pack_buckets) if rl_config.packs_groups(config) else None,
                 pack_rows=pack_rows,
             )
             terms, effort = reward_arrays(samples, len(samples))

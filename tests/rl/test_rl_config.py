@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from c2.model.hf_config import config_to_hf
-from c2.rl.config import adopt_init_positions, rl_stage_defaults, validate_rl
+from c2.rl.config import adopt_init_positions, packs_groups, rl_stage_defaults, validate_rl
 from c2.train.config import MESH_AXES, ConfigError, load_config, stage_defaults
 
 EXPERIMENTS = Path(__file__).parents[2] / "experiments"
@@ -65,7 +65,6 @@ def test_mistakes_name_the_field(field, value, match):
     "field, value, match",
     [
         ("pack_buckets", (2048, 1024), r"config\.rl\.pack_buckets=\(2048, 1024\): expected incr"),
-        ("context_management", "self_summary", r"pack_groups needs config\.rl\.context_manag"),
         ("pack_attention_block", 0, r"config\.rl\.pack_attention_block=0: expected a positive"),
     ],
 )
@@ -76,6 +75,15 @@ def test_packing_mistakes_name_the_field(field, value, match):
     config.rl[field] = value
     with pytest.raises(ConfigError, match=match):
         validate_rl(config, num_devices=1)
+
+
+def test_context_management_keeps_the_rows_plain():
+    """Chains' later segments start from their summaries: no prompt to share, rows stay plain."""
+    config = rl_stage_defaults()
+    assert packs_groups(config)
+    config.rl.context_management = "self_summary"
+    validate_rl(config, num_devices=1)
+    assert not packs_groups(config)
 
 
 def test_unknown_rl_field_is_named():
