@@ -8,9 +8,9 @@ recomputes each block's probabilities, so the memory is O(T + S), never O(T * S)
 
 Masking is by values, not by static offsets: query row t may attend key s when their segment ids
 match (`segments_match`: equal, or the key in the query's trunk) and `k_idx[s] <= q_idx[t]`
-(positions in the global sequence). That lets the same code
-serve one device (indices 0..T-1) and ring attention (c2/model/ring.py: the key chunk arriving
-from another context shard carries its own indices). A key block that no query of the block can
+(positions in the global sequence). That lets the same code serve one device (indices 0..T-1)
+and ring attention (c2/model/ring.py: the key chunk arriving from another context shard carries
+its own indices). A key block that no query of the block can
 see (all in the future, or no segment in common) is skipped with `lax.cond`, forward and backward.
 
 A query row that sees no key at all outputs zeros (the dense path would give a uniform average;
