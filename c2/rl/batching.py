@@ -212,8 +212,7 @@ def trunk_length(group: Sequence[Sample]) -> int:
     """The length of the trunk a group's samples share in a packed row: their longest common
     prefix (ids and recorded experts) before any generated token, less its last token (whose
     prediction, a sample's first target, belongs to each branch)."""
-    first = min(int(np.argmax(s.loss_mask > 0)) if s.loss_mask.any() else s.length for s in group)
-    n = min(first, min(s.length for s in group))
+    n = min(int(np.argmax(s.loss_mask > 0)) if s.loss_mask.any() else s.length for s in group)
     ref = group[0]
     for s in group[1:]:
         same = (s.tokens[:n] == ref.tokens[:n]) & np.all(

@@ -124,6 +124,19 @@ def _target_logps(logits_BTV, targets_BT, *, temperature, top_k, top_p):
     return logp_BT, in_support_BT, kl_logp_BT
 
 
+def _check_fields(batch, shapes: dict, int_keys, context: str) -> None:
+    """A ValueError naming the first field of `batch` whose shape is not `shapes[field]`, or
+    (among `int_keys`) whose dtype is not an integer one; `context` says where shapes came from."""
+    for key, expected in shapes.items():
+        if np.shape(batch[key]) != expected:
+            raise ValueError(
+                f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} ({context})"
+            )
+    for key in int_keys:
+        if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
+            raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
+
+
 class RLLearner:
     """Builds and runs the RL step for one model, objective, optimiser and mesh.
 
@@ -352,15 +365,12 @@ class RLLearner:
         C = np.shape(batch["chain_valid"])[0] if np.ndim(batch["chain_valid"]) == 1 else -1
         want |= {k: (C,) for k in CHAIN_KEYS}
         want["routing"] = (c.n_moe_layers, B, T, c.n_experts_per_token)
-        for key, expected in want.items():
-            if np.shape(batch[key]) != expected:
-                raise ValueError(
-                    f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} "
-                    f"(B={B}, T={T} from batch['inputs'])"
-                )
-        for key in ("inputs", "targets", "positions", "segment_ids", "routing", "top_k", "chain"):
-            if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
-                raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
+        _check_fields(
+            batch,
+            want,
+            ("inputs", "targets", "positions", "segment_ids", "routing", "top_k", "chain"),
+            f"B={B}, T={T} from batch['inputs']",
+        )
         mb = self.micro_batch_size
         if B % mb:
             raise ValueError(f"batch size B={B} is not divisible by micro_batch_size={mb}")
@@ -373,7 +383,7 @@ class RLLearner:
         if ((chain < 0) | (chain >= C)).any():
             raise ValueError(f"batch['chain'] holds ids outside [0, B_c={C})")
         sharding.check_divisible(self.mesh, batch=B, seq=T)
-        if "packed_index" in batch or any(k in batch for k in PACKED_KEYS):
+        if any(k in batch for k in PACKED_KEYS):
             self._check_packed(batch, B, T)
         return B, T
 
@@ -388,15 +398,12 @@ class RLLearner:
         c = self.cfg
         want = {k: (R, W) for k in PACKED_TOKEN_KEYS} | {"packed_index": (B, T)}
         want["packed_routing"] = (c.n_moe_layers, R, W, c.n_experts_per_token)
-        for key, expected in want.items():
-            if np.shape(batch[key]) != expected:
-                raise ValueError(
-                    f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} "
-                    f"(R={R}, W={W} from batch['packed_inputs'], B={B}, T={T})"
-                )
-        for key in ("packed_inputs", "packed_targets", "packed_positions", "packed_segment_ids"):
-            if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
-                raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
+        _check_fields(
+            batch,
+            want,
+            ("packed_inputs", "packed_targets", "packed_positions", "packed_segment_ids"),
+            f"R={R}, W={W} from batch['packed_inputs'], B={B}, T={T}",
+        )
         index = np.asarray(batch["packed_index"])
         if not np.issubdtype(index.dtype, np.integer) or index.min() < 0 or index.max() >= R * W:
             raise ValueError(f"batch['packed_index'] must hold ints in [0, R * W = {R * W})")
@@ -532,11 +539,12 @@ class RLLearner:
         return tuple(from_chunks(x_nBC) for x_nBC in out)
 
     def _logp_batch(self, params, batch):
+        if "packed_index" in batch:
+            return self._logp_packed(params, batch)
+
         def body(_, mb):
             return None, self._token_logp(params, mb)
 
-        if "packed_index" in batch:
-            return self._logp_packed(params, batch)
         rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS + PACKED_KEYS}
         _, out = jax.lax.scan(body, None, self._micro(rows))
         return tuple(self._merge(x_nBT) for x_nBT in out)
