@@ -19,8 +19,8 @@ Command (from the shipped start policy, experiments/policies/reader_tiny):
 its `--config.model.yarn.*` too, which the stage checks.)
 Runtime: 18 minutes on the 2-core reference machine with nothing else running (120 steps at
 ~8 s, generation overlapping the updates, and two held-out evaluations of 400 episodes:
-17 min 54-59 s measured in three runs, 2026-12-05; 19 min 22-38 s in four runs of the same
-cost later that night, on another machine of the same kind).
+17 min 54-59 s measured in three runs, 2026-12-05; 18 min 5 s to 19 min 38 s in five runs of
+the same cost later that night).
 Measured (BENCHMARKS.md "RL stage"), from the shipped policy (2026-12-05): these defaults
 (120 steps, packed groups), held-out pass@1 0.383 -> 0.515, +0.133 [+0.08, +0.19] (paired, 95%),
 best-of-4 0.79 -> 0.84; with `--config.rl.task_seed=5` 0.363 -> 0.443, +0.080 [+0.02, +0.14],
@@ -29,9 +29,9 @@ best-of-4 0.82 -> 0.76 (-0.06 [-0.15, +0.03]; it ended in a k1 excursion, 15 nat
 0.77 -> 0.79 (17 min 58 s; mean of the three +0.093). Variants on seed 5, none better
 (BENCHMARKS.md, "what the excursions are"): the lr decayed over the last quarter
 (`--config.optimizer.schedule=wsd --config.optimizer.decay_fraction=0.25`) +0.068, best-of-4
-0.82 -> 0.78 (seed 7: +0.060, 0.77 -> 0.83); that with 4 prompts x 240 steps +0.078,
-0.82 -> 0.81; `rewards.tool_call_penalty` 1.0 an earlier, deeper excursion (stopped);
-`objective.kl_beta` 0.003 +0.040; `rollout.top_p`
+0.82 -> 0.78 (seed 7: +0.060, 0.77 -> 0.83; seed 1: +0.070, 0.79 -> 0.82); that with 4
+prompts x 240 steps +0.078, 0.82 -> 0.81; `rewards.tool_call_penalty` 1.0 an earlier, deeper
+excursion (stopped); `objective.kl_beta` 0.003 +0.040; `rollout.top_p`
 0.95 +0.003 with best-of-4 0.85 -> 0.64. With 80 steps and packed groups (seed 1,
 12 min 54 s) +0.083 [+0.04, +0.13], best-of-4 0.79 -> 0.85. Before packing, 80 steps at 12.7 s:
 held-out pass@1 0.383 -> 0.478, +0.095 [+0.06, +0.13] (paired, 95%), best-of-4 0.79 -> 0.87;
