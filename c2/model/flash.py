@@ -10,8 +10,8 @@ Masking is by values, not by static offsets: query row t may attend key s when t
 match (`segments_match`: equal, or the key in the query's trunk) and `k_idx[s] <= q_idx[t]`
 (positions in the global sequence). That lets the same code serve one device (indices 0..T-1)
 and ring attention (c2/model/ring.py: the key chunk arriving from another context shard carries
-its own indices). A key block that no query of the block can
-see (all in the future, or no segment in common) is skipped with `lax.cond`, forward and backward.
+its own indices). A key block that no query of the block can see (all in the future, or no
+segment in common) is skipped with `lax.cond`, forward and backward.
 
 A query row that sees no key at all outputs zeros (the dense path would give a uniform average;
 causal self-attention always sees itself, so the two agree wherever it matters). Lengths that are
