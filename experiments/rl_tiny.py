@@ -10,8 +10,10 @@ policy serving its log-probs and its gradient: `rl.single_forward`; each group's
 the model once: `rl.pack_groups`) with the recipe's objective:
 group-mean advantages (no std normalisation), the constant-normalised token sum (no length
 normalisation), k1 KL to the RL start weights in the reward, MoE router replay of the recorded
-experts, the p99 train/inference mismatch filter and truncated importance sampling. Held-out
-pass@1 and best-of-4 on 100 tasks of templates never trained on, at the start and end.
+experts, the p99 train/inference mismatch filter (on the tokens sampled by the weights a step
+updates, `rl.mismatch_tokens`: here only the first step's, every later sample being older) and
+truncated importance sampling. Held-out pass@1 and best-of-4 on 100 tasks of templates never
+trained on, at the start and end.
 
 Command (from the shipped start policy, experiments/policies/reader_tiny):
     python -m c2.main --config=experiments/rl_tiny.py --workdir=runs/rl_tiny

@@ -2,16 +2,17 @@
 (docs/recipe.md §2): samples trained per second, trainer idle fraction and reward per sample,
 for max_staleness S = 0 (synchronous) and S = 1, 2, 4, in one run.
 
-    python -m c2.bench.async_rl --init_from=runs/main/sft_agent [--steps 8] [--staleness 0,1,2,4]
+    python -m c2.bench.async_rl [--init_from=DIR] [--steps 8] [--staleness 0,1,2,4]
         [--latency 1.5,1.5] [--out c2/bench/results/async_rl.json]
 
-Each setting is the RL stage of experiments/rl_tiny.py (the same prompts in the same ledger
-order, the same seed) for `--steps` steps, with every task's hidden-test run taking a Pareto
-(scale, alpha) number of seconds drawn from its id (capped at 20 x scale): real repositories'
-suites run for very different times. Rates leave out the first step (compilation); the settings
-run in one process, so later ones reuse the compiled programs (the first setting runs a warm-up
-step first for that reason). The aim: at least 2.5x the samples/s of S = 0 at S <= 2, with no
-worse reward per sample.
+Each setting is the RL stage of experiments/rl_tiny.py (from its start policy unless
+`--init_from` names another; `--set key=value` overrides its config in every setting) on the same
+prompts in the same ledger order with the same seed, for `--steps` steps, with every task's
+hidden-test run taking a Pareto (scale, alpha) number of seconds drawn from its id (capped at
+20 x scale): real repositories' suites run for very different times. Rates leave out the first
+step (compilation); the settings run in one process, so later ones reuse the compiled programs
+(the first setting runs a warm-up step first for that reason). The aim: at least 2.5x the
+samples/s of S = 0 at S <= 2, with no worse reward per sample.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from c2.eval import ablate
 from c2.infer.engine import Engine
 from c2.rl import config as rl_config
 from c2.rl import simulate, trainer
@@ -41,23 +43,30 @@ from c2.train.metrics import read_metrics
 CONFIG = Path(__file__).parents[2] / "experiments" / "rl_tiny.py"
 
 
-def bench_config(init_from: str, steps: int, staleness: int, latency: tuple[float, float]):
+def bench_config(
+    init_from: str,
+    steps: int,
+    staleness: int,
+    latency: tuple[float, float],
+    overrides: dict | None = None,
+):
     c = load_config(CONFIG)
     c.init_from = init_from
     rl_config.adopt_init_positions(c)  # the start policy's own positional scaling (YaRN)
     c.train.steps = steps
     c.train.checkpoint_every = steps
     c.train.progress_bar = False
-    # The workload BENCHMARKS.md's tables measured (rl_tiny's earlier defaults): the basic level,
-    # 4 prompts x 8 samples a step.
+    # rl_tiny's update (lr, one forward a step, packed groups) on a smaller step: the basic level,
+    # 4 prompts x 8 samples. No warmup: a run is a few steps.
     c.rl.tasks = c.rl.heldout_tasks = "functions:basic"
-    c.rl.task_seed, c.rl.prompts_per_step, c.optimizer.lr = 0, 4, 3e-4
+    c.rl.task_seed, c.rl.prompts_per_step = 0, 4
     c.optimizer.warmup_steps = 0
-    c.rl.single_forward = False  # two forwards a step, as measured (a faster trainer moves S=0)
     c.rl.max_staleness = staleness
     c.rl.rollout.test_latency_pareto = latency
     c.rl.rollout.tool_workers = 32  # graders wait on the simulated suites, not on the CPU
     c.rl.eval.tasks, c.rl.eval.samples = 2, 1  # the held-out evaluation is not measured here
+    for path, value in (overrides or {}).items():  # --set, for every setting alike
+        ablate.set_field(c, path, value)
     return c
 
 
@@ -82,9 +91,9 @@ def summarize(workdir: Path, skip: int = 1) -> dict:
     }
 
 
-def decode_costs(init_from: str, slots: int) -> tuple[float, float]:
+def decode_costs(init_from: str, slots: int, overrides: dict) -> tuple[float, float]:
     """(floor, per-sequence) seconds of one decode step, fitted at 1 and `slots` sequences."""
-    config = bench_config(init_from, 3, 0, (0.0, 0.0))
+    config = bench_config(init_from, 3, 0, (0.0, 0.0), overrides)
     _, cfg, _, _ = rl_config.validate_rl(config, jax.device_count())
     task = lm.build_task(rl_config._without_rl(config))
     params = load_init_params(init_from, task)
@@ -149,31 +158,41 @@ def _mean_train_s(workdir: Path) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m c2.bench.async_rl")
-    parser.add_argument("--init_from", required=True, help="agent-SFT workdir (the RL start)")
+    parser.add_argument(
+        "--init_from", default=None, help="the RL start (default: rl_tiny's, the shipped policy)"
+    )
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--staleness", default="0,1,2,4")
     parser.add_argument("--latency", default="1.5,1.5", help="Pareto scale_s,alpha of test runs")
     parser.add_argument("--out", default=None, help="JSON results (default: print only)")
     parser.add_argument("--workdir", default=None, help="keep the runs here (default: a tmp dir)")
+    parser.add_argument(
+        "--set", action="append", default=[], help="config override key=value, every setting"
+    )
     args = parser.parse_args(argv)
+    args.init_from = args.init_from or load_config(CONFIG).init_from
     settings = [int(s) for s in args.staleness.split(",")]
     latency = tuple(float(x) for x in args.latency.split(","))
     if args.steps < 3 or min(settings) < 0 or len(latency) != 2:
         parser.error("--steps >= 3, --staleness of ints >= 0, --latency scale,alpha")
+    try:
+        overrides = ablate.parse_set(args.set)
+        slots = bench_config(args.init_from, 3, 0, latency, overrides).rl.rollout.engine_slots
+    except (ValueError, KeyError) as e:
+        parser.error(str(e))
     load = os.getloadavg()
     print(f"# {platform.node()} {os.cpu_count()} cpus, load average {load[0]:.2f} (before)")
     results, workdirs = {}, {}
-    slots = bench_config(args.init_from, 3, 0, latency).rl.rollout.engine_slots
-    decode = decode_costs(args.init_from, slots)
+    decode = decode_costs(args.init_from, slots, overrides)
     print(f"decode step: {decode[0] * 1e3:.1f} ms + {decode[1] * 1e3:.2f} ms per sequence")
     with tempfile.TemporaryDirectory(prefix="async_rl_") as tmp:
         tmp = args.workdir or tmp
-        warm = bench_config(args.init_from, 2, settings[0], (0.0, 0.0))
+        warm = bench_config(args.init_from, 2, settings[0], (0.0, 0.0), overrides)
         trainer.run(warm, Path(tmp) / "warmup")  # compile everything once, off the clock
         for S in settings:
             t0 = time.perf_counter()
             workdir = workdirs[S] = Path(tmp) / f"S{S}"
-            trainer.run(bench_config(args.init_from, args.steps, S, latency), workdir)
+            trainer.run(bench_config(args.init_from, args.steps, S, latency, overrides), workdir)
             results[S] = summarize(workdir) | {"total_s": time.perf_counter() - t0}
             r = results[S]
             print(
@@ -206,6 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "load_after": after[0],
             "command": " ".join(["python -m c2.bench.async_rl", *(argv or sys.argv[1:])]),
             "latency_pareto": latency,
+            "overrides": overrides,
             "results": {str(k): v for k, v in results.items()},
             "sim_inputs": inputs,
         }

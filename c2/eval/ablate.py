@@ -63,6 +63,10 @@ ABLATIONS: dict[str, Ablation] = {
         "no train/inference mismatch filter (default: p99 quantile); still measured",
         {"rl.objective.mismatch_quantile": -1.0, "rl.objective.mismatch_threshold": -1.0},
     ),
+    "mismatch_all_tokens": Ablation(
+        "the mismatch filter judges stale tokens too (default: only the fresh ones)",
+        {"rl.mismatch_tokens": "all"},
+    ),
     "tis_off": Ablation(
         "no truncated importance sampling (default: TIS)",
         {"rl.objective.importance_correction": "none"},
@@ -92,14 +96,17 @@ FINAL = "final_metrics.json"
 RUN_CONFIG = "ablation.json"
 
 
-def _get(config: ml_collections.ConfigDict, path: str):
+def get_field(config: ml_collections.ConfigDict, path: str):
+    """The value at a dotted config path ("rl.objective.kl_beta")."""
     node = config
     for part in path.split("."):
         node = node[part]
     return node
 
 
-def _set(config: ml_collections.ConfigDict, path: str, value) -> None:
+def set_field(config: ml_collections.ConfigDict, path: str, value) -> None:
+    """Set an existing dotted config path (a KeyError names a missing one), coercing lists to
+    tuples and ints to floats where the field holds one."""
     *parents, leaf = path.split(".")
     node = config
     for part in parents:
@@ -126,15 +133,15 @@ def check_ablations(names: Sequence[str], config: ml_collections.ConfigDict) -> 
         a = ABLATIONS[name]
         if a.unavailable:
             raise ValueError(f"ablation {name!r} ({a.what}) is unavailable: {a.unavailable}")
-        wrong = {k: v for k, v in a.requires.items() if _get(config, k) != v}
+        wrong = {k: v for k, v in a.requires.items() if get_field(config, k) != v}
         if wrong:
-            have = {k: _get(config, k) for k in wrong}
+            have = {k: get_field(config, k) for k in wrong}
             raise ValueError(
                 f"ablation {name!r} ({a.what}) compares against a baseline with {wrong}; this "
                 f"config has {have} (use one with long episodes, e.g. "
                 "experiments/rl_notes_tiny.py)"
             )
-        if all(_get(config, k) == v for k, v in a.overrides.items()):
+        if all(get_field(config, k) == v for k, v in a.overrides.items()):
             raise ValueError(
                 f"ablation {name!r} changes nothing: the config already has {a.overrides}"
             )
@@ -144,7 +151,7 @@ def run_config(base: ml_collections.ConfigDict, name: str, seed: int):
     config = copy.deepcopy(base)
     with config.unlocked():
         for k, v in ({} if name == BASELINE else ABLATIONS[name].overrides).items():
-            _set(config, k, v)
+            set_field(config, k, v)
         config.train.seed = int(base.train.seed) + seed
         config.name = f"{base.name}-{name}-s{seed}"
     return config
@@ -395,7 +402,8 @@ def write_table(table: dict, out: Path) -> Path:
 # CLI ----------------------------------------------------------------------------------------
 
 
-def _parse_set(items: Sequence[str]) -> dict:
+def parse_set(items: Sequence[str]) -> dict:
+    """`--set key=value` arguments as {key: value}: Python literals, else the text."""
     out = {}
     for item in items:
         key, eq, text = item.partition("=")
@@ -436,8 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path, _, arg = args.config.partition(":")
     try:
         config = load_config(path, arg or None)
-        for k, v in _parse_set(args.set).items():
-            _set(config, k, v)
+        for k, v in parse_set(args.set).items():
+            set_field(config, k, v)
         names = [a for a in args.ablations.split(",") if a]
         check_ablations(names, config)
     except (ValueError, KeyError, ConfigError) as e:

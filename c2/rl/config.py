@@ -55,6 +55,12 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # older than version s - max_staleness; 0 is synchronous, on-policy training.
     r.max_staleness = 2
     r.router_replay = True  # train forwards replay the engine's recorded experts (off: ablation)
+    # The tokens the mismatch filter (objective.mismatch_*) judges: "fresh", those sampled by the
+    # weights the step updates, or "all". An older token's train-inference difference is mostly
+    # the policy's own change since it was sampled; a quantile over those drops the tokens the
+    # updates moved most, the ones the next update would correct (BENCHMARKS.md, "Asynchronous
+    # RL"). Older tokens keep their importance weights (objective.importance_correction).
+    r.mismatch_tokens = "fresh"
     # The current policy's log-probs and the gradient from one forward (jax.vjp keeps the whole
     # batch's activations, not one micro-batch's): the same update, 6-17% less time on CPU.
     r.single_forward = False
@@ -246,6 +252,10 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
         raise ConfigError(
             f"config.rl.ray_address={r.ray_address!r}: set config.rl.weight_store to a URL "
             "every worker can reach (s3://, gs://, or file:// on a shared filesystem)"
+        )
+    if r.mismatch_tokens not in ("fresh", "all"):
+        raise ConfigError(
+            f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected 'fresh' or 'all'"
         )
     if r.weight_store_dtype not in ("bfloat16", "float32", "float16"):
         raise ConfigError(

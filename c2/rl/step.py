@@ -65,6 +65,7 @@ from c2.rl.objectives import (
     kl_token_loss,
     length_penalty,
     loss_normalizers,
+    mismatch_filter,
     objective_advantages,
     objective_mismatch_filter,
     rl_loss,
@@ -137,6 +138,9 @@ def _check_fields(batch, shapes: dict, int_keys, context: str) -> None:
             raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
 
 
+MISMATCH_TOKENS = ("fresh", "all")
+
+
 class RLLearner:
     """Builds and runs the RL step for one model, objective, optimiser and mesh.
 
@@ -149,6 +153,9 @@ class RLLearner:
       same values, and no [B, T, V] float32 logits in the step (`config.train.loss_chunk_tokens`;
       must divide every sequence bucket). 0: whole.
     packed_attention_block: the query and key block of the packed rows' blockwise attention.
+    mismatch_tokens: which tokens the objective's mismatch filter judges: "fresh" (sampled by
+      the weights this step updates; older ones are kept, their importance weights correct
+      them) or "all".
     """
 
     def __init__(
@@ -169,6 +176,7 @@ class RLLearner:
         logit_chunk_tokens: int = 0,
         single_forward: bool = False,
         packed_attention_block: int = 128,
+        mismatch_tokens: str = "fresh",
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -191,6 +199,14 @@ class RLLearner:
         # One forward of the current policy per step instead of two (its activations kept for
         # the whole batch, not one micro-batch): the same update, about a forward's time less.
         self.single_forward = bool(single_forward)
+        # The mismatch filter's tokens: "fresh", those the weights being trained sampled (an older
+        # token's difference is mostly the policy's own change since, and filtering the largest
+        # drops the tokens the updates moved most), or "all".
+        if mismatch_tokens not in MISMATCH_TOKENS:
+            raise ValueError(
+                f"mismatch_tokens={mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"
+            )
+        self.mismatch_tokens = mismatch_tokens
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
         # Packed groups' rows attend blockwise: dense attention would score every branch against
@@ -585,6 +601,26 @@ class RLLearner:
         total_B, log = combine_rewards(terms, weights, step)
         return total_B, log, kl_B
 
+    def _mismatch_filter(self, batch, logp_BT, mask_BT, step):
+        """The objective's mismatch filter on the tokens `mismatch_tokens` names: (keep_BT,
+        stats). The statistics describe every token; with "fresh", the filter (its quantile
+        included) sees only those of version `step` and keeps the rest."""
+        obj, behaviour_BT = self.objective, batch["behaviour_logp"]
+        if self.mismatch_tokens == "all":
+            return objective_mismatch_filter(obj, logp_BT, behaviour_BT, mask_BT)
+        _, stats = mismatch_filter(logp_BT, behaviour_BT, mask_BT, level=obj.mismatch_level)
+        fresh_BT = mask_BT & (batch["target_versions"] == step)
+        keep_fresh_BT, fresh = objective_mismatch_filter(obj, logp_BT, behaviour_BT, fresh_BT)
+        keep_BT = keep_fresh_BT | (mask_BT & ~fresh_BT)
+        drop_BT = mask_BT & ~keep_BT
+        valid_B = mask_BT.any(-1)
+        return keep_BT, stats | {
+            "mismatch_threshold": fresh["mismatch_threshold"],
+            "frac_tokens_dropped": drop_BT.sum() / jnp.maximum(mask_BT.sum(), 1),
+            "frac_samples_with_drops": drop_BT.any(-1).sum() / jnp.maximum(valid_B.sum(), 1),
+            "frac_tokens_fresh": fresh_BT.sum() / jnp.maximum(mask_BT.sum(), 1),
+        }
+
     def _chain_advantages(self, total_B, valid_B, chain_B, chain_valid_C):
         """Advantages by chain: a chain's reward is the mean of its rows' (its segments share the
         environment's terms and effort; the KL term, per segment, is averaged), the configured
@@ -603,13 +639,10 @@ class RLLearner:
     ) -> dict:
         """What the whole batch decides before any gradient: the mismatch filter (its quantile),
         rewards, group advantages and loss normalisers."""
-        obj = self.objective
         valid_B = batch["valid"]
         targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
         mask_BT = targets_BT & support_BT
-        keep_BT, mismatch = objective_mismatch_filter(
-            obj, logp_BT, batch["behaviour_logp"], mask_BT
-        )
+        keep_BT, mismatch = self._mismatch_filter(batch, logp_BT, mask_BT, step)
         total_B, log, kl_B = self._rewards(
             kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
         )

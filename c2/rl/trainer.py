@@ -218,6 +218,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         single_forward=r.single_forward,
         logit_chunk_tokens=int(config.train.loss_chunk_tokens),
         packed_attention_block=int(r.pack_attention_block),
+        mismatch_tokens=r.mismatch_tokens,
     )
     rollouts_dir = workdir / "rollouts"
     if primary:

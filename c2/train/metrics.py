@@ -87,7 +87,9 @@ class MetricsWriter:
         self._file.flush()
         if self._tb is not None:
             for key, value in record.items():
-                if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                if key == "step" or not isinstance(value, int | float) or isinstance(value, bool):
+                    continue
+                if math.isfinite(value):  # the JSONL keeps inf / nan; TensorBoard cannot plot them
                     self._tb.add_scalar(key, value, int(step))
         return record
 

@@ -33,11 +33,13 @@ def _config(steps=2):
 def test_every_available_ablation_is_a_valid_change(name):
     base = _config()
     for k, v in ablate.ABLATIONS[name].requires.items():
-        ablate._set(base, k, v)
+        ablate.set_field(base, k, v)
     ablate.check_ablations([name], base)
     config = ablate.run_config(base, name, 1)
     _, _, objective, _ = rl_config.validate_rl(config, jax.device_count())
-    changed = [k for k, v in ablate.ABLATIONS[name].overrides.items() if ablate._get(base, k) != v]
+    changed = [
+        k for k, v in ablate.ABLATIONS[name].overrides.items() if ablate.get_field(base, k) != v
+    ]
     assert changed, name
     assert config.train.seed == base.train.seed + 1
     base_obj = rl_config.objective_config(base)
@@ -45,6 +47,7 @@ def test_every_available_ablation_is_a_valid_change(name):
         objective != base_obj
         or config.rl.max_staleness != base.rl.max_staleness
         or config.rl.router_replay != base.rl.router_replay
+        or config.rl.mismatch_tokens != base.rl.mismatch_tokens
         or rl_config.rollout_config(config) != rl_config.rollout_config(base)
     )
 
@@ -59,7 +62,7 @@ def test_refusals_name_what_is_wrong():
     with pytest.raises(ValueError, match="'synchronous' changes nothing"):
         ablate.check_ablations(["synchronous"], c)
     with pytest.raises(KeyError, match="rl.objective.nope"):
-        ablate._set(c, "rl.objective.nope", 1)
+        ablate.set_field(c, "rl.objective.nope", 1)
 
 
 @pytest.fixture(scope="module")

@@ -624,3 +624,37 @@ def test_segments_of_a_chain_share_the_chains_advantage(params, learner):
     assert np.asarray(per_sample["advantage"])[7] == 0.0
     # Counting rows instead of chains would give chain 0 (three rows) three votes.
     assert abs(np.mean(want[[0, 3, 4, 6]])) < 1e-6 and abs(np.mean(want)) > 1e-3
+
+
+@pytest.mark.parametrize("tokens", ["fresh", "all"])
+def test_the_mismatch_filter_judges_the_tokens_it_is_told(params, learner, random_batch, tokens):
+    """At step 2, rows 4-7 were sampled by version 0 and the engine's log-probs of them are 1 nat
+    off (the policy moved since), rows 0-3 by version 2 with three tokens 1 nat off. A 0.5-nat
+    threshold drops those three; the stale rows' tokens only when the filter judges "all"."""
+    batch, terms, effort = random_batch
+    batch = {k: v.copy() for k, v in batch.items()}
+    logp = np.asarray(learner.logprobs(params, batch))
+    targets = (batch["target_mask"] > 0) & batch["valid"][:, None]
+    judged = targets & (logp != OUT_OF_SUPPORT_LOGP)  # the top_k=16 rows' targets fall out
+    stale = judged & (np.arange(B) >= 4)[:, None]
+    batch["target_versions"] = np.where(targets, np.where(stale, 0, 2), -1).astype(np.int32)
+    odd = np.zeros_like(judged)
+    for row in range(3):
+        odd[row, np.flatnonzero(judged[row])[0]] = True
+    batch["behaviour_logp"] = np.where(targets, logp + (stale | odd), 0.0).astype(np.float32)
+    objective = dataclasses.replace(OBJECTIVE, mismatch_quantile=None, mismatch_threshold=0.5)
+    filtered = make_learner(ONE_DEVICE, B, objective, mismatch_tokens=tokens)
+    p = filtered.shard_params(copy(params))
+    _, _, metrics, _ = filtered.update(
+        p, filtered.init_opt_state(p), copy(p), batch, terms, effort, 2
+    )
+    metrics = host(metrics)
+    dropped = 3 + (stale.sum() if tokens == "all" else 0)
+    assert 4 < stale.sum() < judged.sum()
+    assert metrics["kept_tokens"] == judged.sum() - dropped
+    assert metrics["frac_tokens_dropped"] == pytest.approx(dropped / judged.sum())
+    # the statistics describe every judged token either way
+    assert metrics["mismatch_max"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["mismatch_mean"] == pytest.approx((stale | odd).sum() / judged.sum(), abs=1e-4)
+    if tokens == "fresh":
+        assert metrics["frac_tokens_fresh"] == pytest.approx(1 - stale.sum() / judged.sum())
