@@ -19,6 +19,7 @@ import ml_collections
 from c2 import sharding
 from c2.rl.episodes import RolloutConfig
 from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
+from c2.rl.step import MISMATCH_TOKENS
 from c2.train import lm
 from c2.train.config import ConfigError, check_positive, check_structure, stage_defaults
 
@@ -253,9 +254,9 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.ray_address={r.ray_address!r}: set config.rl.weight_store to a URL "
             "every worker can reach (s3://, gs://, or file:// on a shared filesystem)"
         )
-    if r.mismatch_tokens not in ("fresh", "all"):
+    if r.mismatch_tokens not in MISMATCH_TOKENS:
         raise ConfigError(
-            f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected 'fresh' or 'all'"
+            f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"
         )
     if r.weight_store_dtype not in ("bfloat16", "float32", "float16"):
         raise ConfigError(
