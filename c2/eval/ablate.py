@@ -67,6 +67,12 @@ ABLATIONS: dict[str, Ablation] = {
         "the mismatch filter judges stale tokens too (default: only the fresh ones)",
         {"rl.mismatch_tokens": "all"},
     ),
+    "tool_call_credit_turn": Ablation(
+        "the tool-call penalty on the tokens of the turn that made the calls, weight 1 (default: "
+        "a term of the episode's reward, weight 0.1)",
+        {"rl.rewards.tool_call_credit": "turn", "rl.rewards.tool_call_penalty": 1.0},
+        requires={"rl.rewards.tool_call_credit": "episode"},
+    ),
     "tis_off": Ablation(
         "no truncated importance sampling (default: TIS)",
         {"rl.objective.importance_correction": "none"},

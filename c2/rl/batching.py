@@ -3,8 +3,9 @@
 `make_batch` lays complete groups out row after row: B = batch_size rows (rows past the last
 sample are padding, `valid` False) and T = the smallest sequence bucket holding the longest
 sample. Position t holds input token t and *targets* token t + 1, so every per-target array
-(`targets`, `target_mask`, `behaviour_logp`, `target_versions`) is the sample's array shifted left
-by one: `behaviour_logp[b, t]` is the engine's logprob of `targets[b, t]` given `inputs[b, :t+1]`.
+(`targets`, `target_mask`, `behaviour_logp`, `target_versions`, `target_penalty`: the target's
+turn penalty, `Sample.token_penalties`) is the sample's array shifted left by one:
+`behaviour_logp[b, t]` is the engine's logprob of `targets[b, t]` given `inputs[b, :t+1]`.
 Padding positions replay experts 0..k-1 (distinct and in range, so the replayed forward is valid).
 
 Packed groups (`pack_buckets`): a group's samples share their prompt, so the model's input can
@@ -45,6 +46,7 @@ TOKEN_KEYS = (
     "target_mask",
     "behaviour_logp",
     "target_versions",
+    "target_penalty",
 )
 ROW_KEYS = ("temperature", "top_p", "top_k", "valid", "chain")
 CHAIN_KEYS = ("chain_valid",)  # [B_c]: per chain
@@ -169,6 +171,7 @@ def make_batch(
         "target_mask": np.zeros((B, T), np.float32),
         "behaviour_logp": np.zeros((B, T), np.float32),
         "target_versions": np.full((B, T), -1, np.int32),
+        "target_penalty": np.zeros((B, T), np.float32),
         # Padding replays experts 0..k-1: distinct and valid, whatever it is multiplied by.
         "routing": np.broadcast_to(np.arange(k, dtype=np.int32), (L, B, T, k)).copy(),
         "temperature": np.ones((B,), np.float32),
@@ -188,6 +191,7 @@ def make_batch(
         out["target_mask"][b, : n - 1] = s.loss_mask[1:] > 0
         out["behaviour_logp"][b, : n - 1] = np.where(s.loss_mask[1:] > 0, s.logprobs[1:], 0.0)
         out["target_versions"][b, : n - 1] = np.where(s.loss_mask[1:] > 0, s.versions[1:], -1)
+        out["target_penalty"][b, : n - 1] = s.token_penalties()[1:]
         out["routing"][:, b, :n] = np.asarray(s.routing, np.int32).transpose(1, 0, 2)
         out["temperature"][b] = s.temperature
         out["top_p"][b] = s.top_p

@@ -19,7 +19,7 @@ import ml_collections
 from c2 import sharding
 from c2.rl.episodes import RolloutConfig
 from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
-from c2.rl.step import MISMATCH_TOKENS
+from c2.rl.step import MISMATCH_TOKENS, TOOL_CALL_CREDITS
 from c2.train import lm
 from c2.train.config import ConfigError, check_positive, check_structure, stage_defaults
 
@@ -135,6 +135,10 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.rewards.style = 0.1
     r.rewards.communication = 0.1
     r.rewards.tool_call_penalty = 0.1
+    # Where the tool-call penalty lands: "episode" (a term of the episode's reward) or "turn"
+    # (the tokens of the turn that made the calls, on top of the episode's advantage computed
+    # without it: a passing episode no longer reinforces its malformed turn). c2.rl.step.
+    r.rewards.tool_call_credit = "episode"
     r.rewards.length_penalty = 0.0
     r.rewards.length_k = 0.01
     r.rewards.length_q = 0.5
@@ -257,6 +261,11 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     if r.mismatch_tokens not in MISMATCH_TOKENS:
         raise ConfigError(
             f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"
+        )
+    if r.rewards.tool_call_credit not in TOOL_CALL_CREDITS:
+        raise ConfigError(
+            f"config.rl.rewards.tool_call_credit={r.rewards.tool_call_credit!r}: expected one of "
+            f"{TOOL_CALL_CREDITS}"
         )
     if r.weight_store_dtype not in ("bfloat16", "float32", "float16"):
         raise ConfigError(

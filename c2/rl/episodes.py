@@ -193,6 +193,7 @@ class _Live:
     rid: int = -1  # the engine request id; -1 until submitted
     trajectory: object = None  # the engine's Trajectory, once released
     turns: list = dataclasses.field(default_factory=list)  # generated ids per turn
+    turn_penalties: list = dataclasses.field(default_factory=list)  # penalised calls per turn
     tool_output_tokens: int = 0
     calls_after_submit: int = 0
     t0: float = 0.0
@@ -419,6 +420,7 @@ class EpisodeRunner:
     def _submit(self, live: _Live, prompt: np.ndarray) -> None:
         c = self.config
         live.prompt, live.turns, live.tool_output_tokens = prompt, [], 0
+        live.turn_penalties = []
         live.rid = self.engine.submit(
             prompt,
             min(c.max_turn_tokens, self.limit - len(prompt)),
@@ -432,6 +434,7 @@ class EpisodeRunner:
         """A reply ended: read its tool calls and run them, or end the episode."""
         ep, ids = live.ep, [int(t) for t in comp.tokens]
         live.turns.append(ids)
+        live.turn_penalties.append(0)
         live.all_turns.append(ids)
         ep.model_tokens += len(ids)
         if live.summarising:  # the reply is the summary: a new segment starts from it
@@ -464,6 +467,7 @@ class EpisodeRunner:
             ep.tool_calls += 1
             if isinstance(call, InvalidToolCall):
                 ep.invalid_tool_calls += 1
+                live.turn_penalties[-1] += 1
             elif not result.ok and result.error is not None:
                 ep.tool_errors += 1
             outputs.append(result.content)
@@ -472,6 +476,7 @@ class EpisodeRunner:
                 ep.submitted, ep.final_message = True, call.arguments["message"]
                 ep.stop_reason = "submit"
                 live.calls_after_submit += len(calls) - n - 1
+                live.turn_penalties[-1] += len(calls) - n - 1
                 break
         return outputs
 
@@ -548,7 +553,7 @@ class EpisodeRunner:
         from the system prompt, the task and `summary`, in the same workspace."""
         traj = self.engine.release(live.rid)
         del running[live.rid]
-        live.segments.append(_trajectory_fields(traj))
+        live.segments.append(_trajectory_fields(traj) | {"turn_penalties": live.turn_penalties})
         live.summarising = False
         task, system = live.req.task, task_system_prompt(live.req.task)
         head = segment_head(task.instruction)
@@ -583,7 +588,7 @@ class EpisodeRunner:
         if live.trajectory is None:  # never generated: the prompt alone, nothing to train
             last = _untrained(live.prompt, self.engine.cfg)
         else:
-            last = _trajectory_fields(live.trajectory)
+            last = _trajectory_fields(live.trajectory) | {"turn_penalties": live.turn_penalties}
         if not self.config.keep_workspaces:
             shutil.rmtree(ep.workspace, ignore_errors=True)
         chain = dict(

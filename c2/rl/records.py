@@ -7,7 +7,9 @@ segment carries the chain's reward terms and grade (one reward for the whole cha
 the ids exactly as the engine sampled and was fed, the loss mask (1 on generated ids), the
 behaviour logprob (the sampling distribution's, 0 elsewhere), the policy version that produced it
 (-1 elsewhere) and the routed experts. Per sample: the sampling settings, so the trainer
-recomputes logprobs under the same distribution, the reward terms and the grade.
+recomputes logprobs under the same distribution, the reward terms and the grade, and per
+generated turn the tool calls it was penalised for (`turn_penalties`: the turn's own count, so
+the penalty can be credited to the turn that earned it; `Sample.token_penalties`).
 
 On disk, `<stage workdir>/rollouts/<name>.jsonl` holds one line per sample with the contract
 fields `prompt_id, group_id, sample_index, tokens, loss_mask, logprobs, versions, reward,
@@ -70,6 +72,9 @@ class Sample:
     trained_step: int | None = None
     info: dict = dataclasses.field(default_factory=dict)  # turns, tool calls, grade, timings
     segment: int = 0  # this segment's index in its chain
+    # Per generated turn of this segment (the runs of loss_mask == 1, in order): the malformed or
+    # unknown calls it made plus the calls it wrote after submit. Empty: no turn was penalised.
+    turn_penalties: list[int] = dataclasses.field(default_factory=list)
     segments: list[Sample] = dataclasses.field(default_factory=list)  # the chain's earlier ones
 
     def __post_init__(self):
@@ -85,6 +90,28 @@ class Sample:
                 f"sample {self.group_id}/{self.sample_index}: routing {self.routing.shape} "
                 f"must be [T={T}, L_moe, k]"
             )
+        if self.turn_penalties:
+            turns = int(self._turn_starts().sum())
+            if len(self.turn_penalties) != turns:
+                raise ValueError(
+                    f"sample {self.group_id}/{self.sample_index}: turn_penalties has "
+                    f"{len(self.turn_penalties)} entries for {turns} generated turns (runs of "
+                    "loss_mask == 1)"
+                )
+
+    def _turn_starts(self) -> np.ndarray:
+        """bool [T]: the first token of each generated turn (a run of loss_mask == 1)."""
+        gen = np.asarray(self.loss_mask) > 0
+        return gen & ~np.concatenate([[False], gen[:-1]])
+
+    def token_penalties(self) -> np.ndarray:
+        """float32 [T]: each generated token's turn penalty (`turn_penalties`), 0 elsewhere."""
+        out = np.zeros(self.length, np.float32)
+        if self.turn_penalties:
+            gen = np.asarray(self.loss_mask) > 0
+            turn = np.cumsum(self._turn_starts()) - 1
+            out[gen] = np.asarray(self.turn_penalties, np.float32)[turn[gen]]
+        return out
 
     @property
     def length(self) -> int:
@@ -133,6 +160,7 @@ class Sample:
             "chain_id": self.chain_id,
             "segment": self.segment,
             "segments": len(self.segments) + 1 if segments is None else segments,
+            "turn_penalties": list(self.turn_penalties),
             "info": self.info,
         }
 
@@ -168,6 +196,7 @@ def sample_from_record(record: dict) -> Sample:
         trained_step=record.get("trained_step"),
         info=dict(record.get("info") or {}),
         segment=int(record.get("segment", 0)),
+        turn_penalties=[int(n) for n in record.get("turn_penalties") or []],
     )
 
 

@@ -139,6 +139,7 @@ def _check_fields(batch, shapes: dict, int_keys, context: str) -> None:
 
 
 MISMATCH_TOKENS = ("fresh", "all")
+TOOL_CALL_CREDITS = ("episode", "turn")
 
 
 class RLLearner:
@@ -156,6 +157,13 @@ class RLLearner:
     mismatch_tokens: which tokens the objective's mismatch filter judges: "fresh" (sampled by
       the weights this step updates; older ones are kept, their importance weights correct
       them) or "all".
+    tool_call_credit: where the tool-call penalty lands: "episode" (a term of the episode's
+      reward, so its advantage carries it to every token) or "turn" (the turn that made the
+      calls: its tokens' advantage is the episode's, computed without the term, less the
+      weighted count of its own penalised calls, `batch["target_penalty"]`). With "episode" an
+      episode that passes after a malformed call reinforces the malformed turn with the rest;
+      with "turn" the turn is pushed down whatever the episode's outcome, once the weight
+      exceeds the largest advantage.
     """
 
     def __init__(
@@ -177,6 +185,7 @@ class RLLearner:
         single_forward: bool = False,
         packed_attention_block: int = 128,
         mismatch_tokens: str = "fresh",
+        tool_call_credit: str = "episode",
     ):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
@@ -207,6 +216,11 @@ class RLLearner:
                 f"mismatch_tokens={mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"
             )
         self.mismatch_tokens = mismatch_tokens
+        if tool_call_credit not in TOOL_CALL_CREDITS:
+            raise ValueError(
+                f"tool_call_credit={tool_call_credit!r}: expected one of {TOOL_CALL_CREDITS}"
+            )
+        self.tool_call_credit = tool_call_credit
         # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
         self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
         # Packed groups' rows attend blockwise: dense attention would score every branch against
@@ -634,6 +648,20 @@ class RLLearner:
         adv_C = objective_advantages(self.objective, reward_C, chain_valid_C & (n_C > 0))
         return jnp.where(valid_B, adv_C[chain_B], 0.0)
 
+    def _advantages(self, batch, total_B, log):
+        """(adv_B, what the loss weighs each token by: [B] or [B, T]). adv_B is the chain's
+        advantage; with tool_call_credit="turn" it leaves the tool-call penalty out, and each
+        token takes its turn's penalty (`target_penalty`, signed and weighted) on top."""
+        valid_B, chain_B, chain_valid_C = batch["valid"], batch["chain"], batch["chain_valid"]
+        term = "reward/tool_call_penalty"
+        if self.tool_call_credit == "episode" or term not in log:
+            adv_B = self._chain_advantages(total_B, valid_B, chain_B, chain_valid_C)
+            return adv_B, adv_B
+        adv_B = self._chain_advantages(total_B - log[term], valid_B, chain_B, chain_valid_C)
+        per_call = REWARD_SIGNS["tool_call_penalty"] * log["weight/tool_call_penalty"]
+        adv_BT = adv_B[:, None] + per_call * batch["target_penalty"]
+        return adv_B, jnp.where(valid_B[:, None], adv_BT, 0.0)
+
     def _whole_batch(
         self, batch, logp_BT, support_BT, kl_logp_BT, ref_kl_logp_BT, terms, effort_counts, step
     ) -> dict:
@@ -646,7 +674,7 @@ class RLLearner:
         total_B, log, kl_B = self._rewards(
             kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
         )
-        adv_B = self._chain_advantages(total_B, valid_B, batch["chain"], batch["chain_valid"])
+        adv_B, adv = self._advantages(batch, total_B, log)
         return dict(
             targets_BT=targets_BT,
             mask_BT=mask_BT,
@@ -656,6 +684,7 @@ class RLLearner:
             log=log,
             kl_B=kl_B,
             adv_B=adv_B,
+            adv=adv,
             normalizers=loss_normalizers(keep_BT),
         )
 
@@ -726,7 +755,7 @@ class RLLearner:
             for k in ("inputs", "positions", "segment_ids", "targets", "routing")
             + ("temperature", "top_k", "top_p", "behaviour_logp")
         }
-        micro_in |= {"advantages": w["adv_B"], "keep": w["keep_BT"], "ref_kl_logp": ref_kl_logp_BT}
+        micro_in |= {"advantages": w["adv"], "keep": w["keep_BT"], "ref_kl_logp": ref_kl_logp_BT}
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
         zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in loss_keys})
@@ -735,7 +764,7 @@ class RLLearner:
             self._pg_objective,
             logp_BT,
             batch["behaviour_logp"],
-            w["adv_B"],
+            w["adv"],
             w["keep_BT"],
             **w["normalizers"],
         )
@@ -761,7 +790,7 @@ class RLLearner:
                 logp,
                 kl_logp,
                 batch["behaviour_logp"],
-                w["adv_B"],
+                w["adv"],
                 w["keep_BT"],
                 ref_kl_logp_BT,
                 w["normalizers"],
@@ -794,6 +823,7 @@ class RLLearner:
             "target_tokens": targets_BT.sum().astype(jnp.float32),
             "kept_tokens": keep_BT.sum().astype(jnp.float32),
             "tokens_out_of_support": (targets_BT & ~mask_BT).sum().astype(jnp.float32),
+            "penalised_tokens": (targets_BT & (batch["target_penalty"] > 0)).sum(),
         }
         if self.schedule is not None:
             metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)

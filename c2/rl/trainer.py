@@ -219,6 +219,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         logit_chunk_tokens=int(config.train.loss_chunk_tokens),
         packed_attention_block=int(r.pack_attention_block),
         mismatch_tokens=r.mismatch_tokens,
+        tool_call_credit=r.rewards.tool_call_credit,
     )
     rollouts_dir = workdir / "rollouts"
     if primary:

@@ -48,6 +48,7 @@ def test_every_available_ablation_is_a_valid_change(name):
         or config.rl.max_staleness != base.rl.max_staleness
         or config.rl.router_replay != base.rl.router_replay
         or config.rl.mismatch_tokens != base.rl.mismatch_tokens
+        or config.rl.rewards != base.rl.rewards
         or rl_config.rollout_config(config) != rl_config.rollout_config(base)
     )
 

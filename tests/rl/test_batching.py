@@ -75,6 +75,21 @@ def test_shapes_shift_and_padding():
     assert (b["inputs"][2:] == PAD).all()
 
 
+def test_turn_penalties_land_on_their_turns_tokens():
+    """Each generated turn (a run of loss_mask == 1) takes its own penalty count; the batch holds
+    it per target, shifted like the other per-target arrays; a count per turn is checked."""
+    s = sample(12, 3, seed=3)
+    s.loss_mask[:] = [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 1]  # three turns: tokens 3-5, 8-9, 11
+    s.turn_penalties = [2, 0, 1]
+    np.testing.assert_array_equal(s.token_penalties(), [0, 0, 0, 2, 2, 2, 0, 0, 0, 0, 0, 1])
+    b = make_batch([s], batch_size=2, seq_buckets=(16,), cfg=CFG, pad_id=PAD)
+    np.testing.assert_array_equal(b["target_penalty"][0, :11], s.token_penalties()[1:])
+    assert not b["target_penalty"][0, 11:].any() and not b["target_penalty"][1].any()
+    with pytest.raises(ValueError, match="turn_penalties has 2 entries for 3 generated turns"):
+        sample(12, 3, seed=3, loss_mask=s.loss_mask, turn_penalties=[1, 0])
+    assert not sample(9, 4).token_penalties().any()  # none recorded: nothing penalised
+
+
 def test_padding_routing_is_distinct_and_valid():
     b = make_batch([sample(5, 2)], batch_size=2, seq_buckets=(8,), cfg=CFG, pad_id=PAD)
     pad = b["routing"][:, 1].reshape(-1, K)  # a whole padding row

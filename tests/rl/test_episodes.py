@@ -189,6 +189,8 @@ def test_penalties_failures_and_budgets(tmp_path, chat, sandbox):
     s0, s1, s2, s3 = runner.run(reqs)
     assert s0.reward_terms["tool_call_penalty"] == 2.0  # one malformed, one after submit
     assert s0.info["invalid_tool_calls"] == 1 and s0.info["calls_after_submit"] == 1
+    assert s0.turn_penalties == [1, 1]  # each turn's own: the malformed one, the after-submit one
+    assert s1.turn_penalties == [0] and s2.turn_penalties == [0]
     assert not s0.passed and "fail_to_pass still failing" in s0.failure_reason
     assert s0.reward_terms["communication"] == 1.0  # the message names f0.py
     assert s1.stop_reason == "turn_budget" and s1.generated_tokens == 300

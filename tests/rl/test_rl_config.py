@@ -47,6 +47,12 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
         ("rl.rewards.style", -1.0, r"config\.rl\.rewards\.style: expected >= 0"),
         ("rl.rollout.temperature", "hot", r"config\.rl\.rollout\.temperature: expected float"),
         ("train.stop_at", 10, r"config\.train\.stop_at=10: the RL stage runs to"),
+        ("rl.mismatch_tokens", "old", r"config\.rl\.mismatch_tokens='old': expected one of"),
+        (
+            "rl.rewards.tool_call_credit",
+            "token",
+            r"config\.rl\.rewards\.tool_call_credit='token': expected one of",
+        ),
     ],
 )
 def test_mistakes_name_the_field(field, value, match):

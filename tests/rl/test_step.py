@@ -658,3 +658,62 @@ def test_the_mismatch_filter_judges_the_tokens_it_is_told(params, learner, rando
     assert metrics["mismatch_mean"] == pytest.approx((stale | odd).sum() / judged.sum(), abs=1e-4)
     if tokens == "fresh":
         assert metrics["frac_tokens_fresh"] == pytest.approx(1 - stale.sum() / judged.sum())
+
+
+@pytest.mark.parametrize("credit", ["episode", "turn"])
+def test_tool_call_credit_lands_where_it_is_told(params, credit):
+    """One group of two-turn episodes; sample 0 passes after a malformed first turn (penalty 1,
+    weight 1), sample 1 passes cleanly, 2 and 3 fail. "episode": sample 0's reward is 1 - 1 and
+    both its turns take advantage -0.25, so its good second turn falls too. "turn": its
+    advantage is that of a clean pass (+0.5, like sample 1's), its good turn rises and the
+    malformed turn alone takes +0.5 - 1 and falls. The loss is the hand-computed one."""
+    learner = make_learner(ONE_DEVICE, MICRO, tool_call_credit=credit)
+    rng = np.random.default_rng(4)
+    prompt, obs = [1, 2, 3, 4, 5, 6], 60
+    shared = make_sample(prompt + [0], len(prompt), 0, 0, rng).routing[:1]
+    samples = []
+    for i, (first, second, task) in enumerate(
+        [(BAD, GOOD, 1.0), (20, 21, 1.0), (30, 31, 0.0)] + [(40, 41, 0.0)]
+    ):
+        tokens = prompt + [first, obs, second]
+        sample = make_sample(
+            tokens,
+            len(prompt),
+            0,
+            i,
+            rng,
+            routing=np.repeat(shared, len(tokens), 0),
+            reward_terms={"task": task, "style": 0.0, "tool_call_penalty": float(i == 0)},
+            loss_mask=np.array([0] * len(prompt) + [1, 0, 1], np.uint8),  # turn, observation, turn
+            turn_penalties=[1, 0] if i == 0 else [0, 0],
+        )
+        samples.append(sample)
+    batch = make_batch(samples, batch_size=B, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    batch = with_behaviour(learner, params, batch)
+    terms, effort = reward_arrays(samples, B)
+    np.testing.assert_array_equal(batch["target_penalty"][0, 5:8], [1, 0, 0])
+
+    def probs(p):  # P(BAD) as sample 0's first turn, P(GOOD) as its second
+        logp = np.asarray(learner.logprobs(p, batch))
+        return np.exp(logp[0, 5]), np.exp(logp[0, 7])
+
+    p = learner.shard_params(copy(params))
+    before = probs(p)
+    p, _, metrics, per_sample = learner.update(
+        p, learner.init_opt_state(p), copy(p), batch, terms, effort, 0
+    )
+    after = probs(p)
+    adv = [-0.25, 0.75, -0.25, -0.25] if credit == "episode" else [0.5, 0.5, -0.5, -0.5]
+    np.testing.assert_allclose(np.asarray(per_sample["advantage"])[:4], adv, atol=1e-6)
+    np.testing.assert_allclose(per_sample["reward"][:4], [0, 1, 0, 0], atol=1e-6)
+    per_token = [[a, a] for a in adv]  # each sample's two targets
+    if credit == "turn":
+        per_token[0][0] -= 1.0
+    want_loss = -np.sum(per_token) / OBJECTIVE.loss_constant
+    assert float(metrics["pg_loss"]) == pytest.approx(want_loss, abs=1e-6)
+    assert float(metrics["penalised_tokens"]) == 1
+    assert after[0] < before[0], (before, after)  # the malformed turn falls either way
+    if credit == "turn":
+        assert after[1] > before[1], (before, after)
+    else:
+        assert after[1] < before[1], (before, after)
