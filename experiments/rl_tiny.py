@@ -30,7 +30,10 @@ with `--config.rl.task_seed=5` 0.363 -> 0.445, +0.083 [+0.02, +0.14], best-of-4 
 (it ended in a k1 excursion, 19 nats over steps 106-113); seed 5 with the mismatch filter off
 (the same from step 2 on) 0.363 -> 0.480, +0.118 [+0.06, +0.18], best-of-4 0.82 -> 0.79,
 16 min 33 s; synchronously (`rl.max_staleness=0`)
-+0.108, best-of-4 0.82 -> 0.81. Before the filter judged only fresh tokens
++0.108, best-of-4 0.82 -> 0.81. The tool-call penalty on the malformed turn only
+(`--config.rl.rewards.tool_call_credit=turn --config.rl.rewards.tool_call_penalty=1.0`,
+2026-12-06), seeds 1 / 5 / 7: +0.120 / +0.085 / +0.090, best-of-4 +0.06 / -0.04 / -0.01, no k1
+excursion (17-18.5 min each). Before the filter judged only fresh tokens
 (`--config.rl.mismatch_tokens=all`; 120 steps, packed groups), held-out pass@1 0.383 -> 0.515,
 +0.133 [+0.08, +0.19] (paired, 95%),
 best-of-4 0.79 -> 0.84; with `--config.rl.task_seed=5` 0.363 -> 0.443, +0.080 [+0.02, +0.14],
