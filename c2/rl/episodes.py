@@ -553,7 +553,7 @@ class EpisodeRunner:
         from the system prompt, the task and `summary`, in the same workspace."""
         traj = self.engine.release(live.rid)
         del running[live.rid]
-        live.segments.append(_trajectory_fields(traj) | {"turn_penalties": live.turn_penalties})
+        live.segments.append(_trajectory_fields(traj, live.turn_penalties))
         live.summarising = False
         task, system = live.req.task, task_system_prompt(live.req.task)
         head = segment_head(task.instruction)
@@ -588,7 +588,7 @@ class EpisodeRunner:
         if live.trajectory is None:  # never generated: the prompt alone, nothing to train
             last = _untrained(live.prompt, self.engine.cfg)
         else:
-            last = _trajectory_fields(live.trajectory) | {"turn_penalties": live.turn_penalties}
+            last = _trajectory_fields(live.trajectory, live.turn_penalties)
         if not self.config.keep_workspaces:
             shutil.rmtree(ep.workspace, ignore_errors=True)
         chain = dict(
@@ -668,14 +668,15 @@ def _nap() -> None:
     time.sleep(0.01)
 
 
-def _trajectory_fields(traj) -> dict:
-    """Sample fields of an engine Trajectory."""
+def _trajectory_fields(traj, turn_penalties: list[int]) -> dict:
+    """Sample fields of an engine Trajectory whose turns made `turn_penalties`."""
     return dict(
         tokens=np.asarray(traj.token_ids, np.int32),
         loss_mask=np.asarray(traj.generated, np.uint8),
         logprobs=np.asarray(traj.logprobs, np.float32),
         versions=np.asarray(traj.versions, np.int32),
         routing=np.asarray(traj.routed_experts),
+        turn_penalties=list(turn_penalties),
     )
 
 

@@ -673,7 +673,7 @@ def test_tool_call_credit_lands_where_it_is_told(params, credit):
     shared = make_sample(prompt + [0], len(prompt), 0, 0, rng).routing[:1]
     samples = []
     for i, (first, second, task) in enumerate(
-        [(BAD, GOOD, 1.0), (20, 21, 1.0), (30, 31, 0.0)] + [(40, 41, 0.0)]
+        [(BAD, GOOD, 1.0), (20, 21, 1.0), (30, 31, 0.0), (40, 41, 0.0)]
     ):
         tokens = prompt + [first, obs, second]
         sample = make_sample(
