@@ -163,9 +163,17 @@ def check_kernels(report: Report, key, shrink: int = 1):
 
     check_grouped(report, k2, d)
     with report.guard("tiny model with the kernels"):
-        # A shrunk (smoke) run keeps one MoE layer and the MTP block: interpret-mode kernels
-        # compile per layer, and tests/model/test_model_kernels.py covers the whole tiny model.
-        check_model(report, k2, toks_shape=(4, d(256)), n_layers=4 if shrink == 1 else 2)
+        # A shrunk (smoke) run keeps one dense and one MoE layer, no MTP block: interpret-mode
+        # kernels compile per layer, and tests/model/test_model_kernels.py covers the whole tiny
+        # model (MTP block included).
+        smoke = shrink > 1
+        check_model(
+            report,
+            k2,
+            toks_shape=(4, d(256)),
+            n_layers=2 if smoke else 4,
+            mtp_depth=0 if smoke else 1,
+        )
 
     for score_func in ("sigmoid", "softmax"):
         with report.guard(f"router_replay {score_func}"):
@@ -248,7 +256,7 @@ def rel_l2(got, want) -> float:
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def check_model(report: Report, key, toks_shape, n_layers: int = 4):
+def check_model(report: Report, key, toks_shape, n_layers: int = 4, mtp_depth: int = 1):
     """The tiny Kimi-K2 with the kernels on vs XLA ops: loss and every parameter's gradient.
 
     Router replay (float32 model): equal to float32 rounding. MXFP8 cannot be compared that way:
@@ -259,7 +267,7 @@ def check_model(report: Report, key, toks_shape, n_layers: int = 4):
     """
     from c2 import model
 
-    c = model.presets.get("tiny_kimi_k2", dtype="float32", n_layers=n_layers)
+    c = model.presets.get("tiny_kimi_k2", dtype="float32", n_layers=n_layers, mtp_depth=mtp_depth)
     params = model.init_params(c, key)
     toks = jax.random.randint(key, toks_shape, 0, c.vocab_size, jnp.int32)
 

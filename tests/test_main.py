@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from c2 import main as c2_main
+from c2.eval import correlation
 from c2.train.metrics import read_metrics
 
 # ml_collections' config_flags still loads config files with importlib's load_module
@@ -102,10 +103,10 @@ def test_pipeline_stage_errors_name_the_stage(tmp_path):
 
 
 @pytest.mark.slow
-def test_main_job_quick_end_to_end(tmp_path):
+def test_main_job_quick_end_to_end(tmp_path, xla_flags):
     """`python -m c2.main --config=experiments/pipeline_tiny.py:quick` on one CPU device."""
     workdir = tmp_path / "main"
-    env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(1), PYTHONPATH=str(ROOT))
     cmd = [
         sys.executable,
         "-m",
@@ -133,6 +134,11 @@ def test_main_job_quick_end_to_end(tmp_path):
     ]  # fmt: skip
     final = json.loads((workdir / "rl" / "final_metrics.json").read_text())
     assert set(final["evaluations"]) == {"0", "2"} and "gain" in final
+    # what the CPT-loss vs RL-accuracy study (experiments/cpt_rl_correlation.py) reads of a run
+    point = correlation.read_point(workdir)
+    cpt_final = json.loads((workdir / "cpt" / "final_metrics.json").read_text())
+    assert point["cpt_steps"] == 24 and point["heldout_ce_bpb"] == cpt_final["eval_bpb"] > 0
+    assert point["cpt_flops"] > 0 and point["rl_pass@1"] == final["evaluations"]["2"]["pass@1"]
 
     results = json.loads((workdir / "eval.json").read_text())
     rows = {r["model"]: r for r in results["rows"]}
