@@ -27,7 +27,9 @@ Measured (BENCHMARKS.md "RL stage"), from the shipped policy (2026-12-05): these
 held-out pass@1 0.383 -> 0.503, +0.120 [+0.06, +0.18] (paired, 95%), best-of-4 0.79 -> 0.80;
 with `--config.rl.task_seed=7` 0.373 -> 0.530, +0.158 [+0.10, +0.22], best-of-4 0.77 -> 0.87;
 with `--config.rl.task_seed=5` 0.363 -> 0.445, +0.083 [+0.02, +0.14], best-of-4 0.82 -> 0.75
-(it ended in a k1 excursion, 19 nats over steps 106-113); seed 5 with the mismatch filter off
+(it ended in a k1 excursion, 19 nats over steps 106-113); with `--config.rl.task_seed=3`
+(2026-12-06, 18 min 1 s alone) 0.305 -> 0.500, +0.195 [+0.14, +0.25], best-of-4 0.69 -> 0.86
+(mean of the four seeds +0.139); seed 5 with the mismatch filter off
 (the same from step 2 on) 0.363 -> 0.480, +0.118 [+0.06, +0.18], best-of-4 0.82 -> 0.79,
 16 min 33 s; synchronously (`rl.max_staleness=0`)
 +0.108, best-of-4 0.82 -> 0.81. The tool-call penalty on the malformed turn only
