@@ -107,7 +107,7 @@ def get_config(arg=None):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_then_resume_trains_each_prompt_once(tmp_path, sandbox_ok, xla_flags):
+def test_sigkill_mid_run_then_resume_trains_each_prompt_once(tmp_path, sandbox_ok):
     """Asynchronous (max_staleness 2), killed with SIGKILL mid-run, then the same command: the
     committed history trains every prompt exactly once, the version never goes backwards, no
     sample is staler than the bound, and the rollouts of steps the crash undid are set aside."""
@@ -125,7 +125,7 @@ def test_sigkill_mid_run_then_resume_trains_each_prompt_once(tmp_path, sandbox_o
     config.write_text(KILL_CONFIG)
     workdir = tmp_path / "rl"
     env = dict(os.environ, PYTHONPATH=str(root))
-    env["XLA_FLAGS"] = xla_flags(2)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     cmd = [sys.executable, "-m", "c2.main", f"--config={config}", f"--workdir={workdir}"]
