@@ -28,19 +28,22 @@ def test_fit_is_least_squares_with_r2_the_squared_correlation():
         correlation.fit([1, 2], [1, 2])
 
 
+def _write_run(run: Path, steps, bpb, flops, pass1, ci95):
+    """The two files of a pipeline workdir that `correlation.read_point` reads."""
+    (run / "cpt").mkdir(parents=True)
+    (run / "rl").mkdir()
+    cpt = {"step": steps, "eval_bpb": bpb, "cum_flops": flops}
+    (run / "cpt" / "final_metrics.json").write_text(json.dumps(cpt))
+    ev = {"pass@1": pass1, "pass@1_ci95": ci95}
+    rl = {"steps": 2, "evaluations": {"0": ev, "2": ev}}
+    (run / "rl" / "final_metrics.json").write_text(json.dumps(rl))
+
+
 def test_points_read_from_run_dirs_and_plotted(tmp_path):
     runs = []
     for steps, bpb, p in ((100, 4.0, 0.1), (200, 3.5, 0.2), (400, 3.2, 0.25)):
         run = tmp_path / f"steps_{steps}"
-        (run / "cpt").mkdir(parents=True)
-        (run / "rl").mkdir()
-        (run / "cpt" / "final_metrics.json").write_text(
-            json.dumps({"step": steps, "eval_bpb": bpb, "cum_flops": steps * 1e9})
-        )
-        ev = {"pass@1": p, "pass@1_ci95": [p - 0.05, p + 0.05]}
-        (run / "rl" / "final_metrics.json").write_text(
-            json.dumps({"steps": 2, "evaluations": {"0": ev, "2": ev}})
-        )
+        _write_run(run, steps, bpb, steps * 1e9, p, [p - 0.05, p + 0.05])
         runs.append(correlation.read_point(run))
     result = correlation.write(runs, tmp_path / "out")
     assert [p["cpt_steps"] for p in result["points"]] == [100, 200, 400]
@@ -82,14 +85,8 @@ def test_the_driver_runs_each_point_then_fits(tmp_path, monkeypatch):
     def pipeline(config, workdir):
         steps = config.train.steps
         ran.append((steps, config.stages.rl.train.steps, Path(workdir).name))
-        run = Path(workdir)
-        (run / "cpt").mkdir(parents=True)
-        (run / "rl").mkdir()
-        cpt = {"step": steps, "eval_bpb": 8.0 / steps**0.5, "cum_flops": steps * 1e6}
-        (run / "cpt" / "final_metrics.json").write_text(json.dumps(cpt))
-        ev = {"pass@1": 0.01 * steps, "pass@1_ci95": [0.0, 0.02 * steps]}
-        rl = {"steps": 2, "evaluations": {"0": ev, "2": ev}}
-        (run / "rl" / "final_metrics.json").write_text(json.dumps(rl))
+        _write_run(Path(workdir), steps, 8.0 / steps**0.5, steps * 1e6, 0.01 * steps,
+                   [0.0, 0.02 * steps])  # fmt: skip
 
     monkeypatch.setattr(c2_main, "run", pipeline)
     assert driver.main(["--out", str(tmp_path), "--scales", "4,8,12", "--quick"]) == 0
