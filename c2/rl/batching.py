@@ -136,6 +136,8 @@ def make_batch(
     rows: int | None = None,
     pack_buckets: Sequence[int] | None = None,
     pack_rows: int | None = None,
+    min_seq: int = 0,
+    min_pack: int = 0,
 ) -> dict[str, np.ndarray]:
     """The samples (complete groups, in order) as one batch of fixed shapes; see the module doc.
 
@@ -144,7 +146,9 @@ def make_batch(
     batch_size counts chains; `rows` (default: the smallest multiple of batch_size that holds
     every segment) the rows. `pack_buckets` (needs group_size; no chains) adds the packed
     groups' arrays, `pack_rows` rows of them (default: a row per group of batch_size; more
-    rows are padding, e.g. to spread them over the devices).
+    rows are padding, e.g. to spread them over the devices). `min_seq` / `min_pack`: the
+    buckets chosen hold at least this many tokens (a larger bucket than the samples need, all
+    padding past them: the same samples in every shape, to compile each bucket's program).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")
@@ -160,7 +164,7 @@ def make_batch(
     for _, s in segments:
         _check_sample(s, cfg)
         choose_bucket(s.length, buckets, _name(s))
-    T = choose_bucket(max((s.length for _, s in segments), default=0), buckets)
+    T = choose_bucket(max([s.length for _, s in segments] + [min_seq]), buckets)
     L, k = cfg.n_moe_layers, cfg.n_experts_per_token
 
     out = {
@@ -208,6 +212,7 @@ def make_batch(
             cfg=cfg,
             pad_id=pad_id,
             rows=pack_rows,
+            min_width=min_pack,
         )
     return out
 
@@ -236,9 +241,11 @@ def pack_groups(
     cfg: ModelConfig,
     pad_id: int,
     rows: int | None = None,
+    min_width: int = 0,
 ) -> dict[str, np.ndarray]:
     """The `packed_*` arrays of make_batch (module doc): one row per group, trunk then branches;
-    `rows` rows (default batch_size / group_size), those past the groups padding."""
+    `rows` rows (default batch_size / group_size), those past the groups padding; the width W
+    the smallest of `pack_buckets` holding the longest row and `min_width`."""
     if group_size is None:
         raise ValueError("pack_buckets needs group_size: a packed row holds one group")
     if any(len(s.chain) > 1 for s in samples):
@@ -257,7 +264,10 @@ def pack_groups(
     n_groups = batch_size // group_size
     if rows is not None and rows < n_groups:
         raise ValueError(f"pack_rows={rows}: fewer rows than the batch's {n_groups} groups")
-    R, W = rows or n_groups, choose_bucket(max(lengths, default=0), buckets)
+    R = rows or n_groups
+    W = choose_bucket(
+        max([*lengths, min_width]), buckets, "the widest packed row or min_pack", "pack_buckets"
+    )
     L, k = cfg.n_moe_layers, cfg.n_experts_per_token
     out = {
         "packed_inputs": np.full((R, W), pad_id, np.int32),

@@ -75,6 +75,13 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.pack_groups = True
     r.pack_buckets = (1024, 2048, 3072, 4096)
     r.pack_attention_block = 128
+    # Compile the update for every batch shape the buckets allow (each of seq_buckets, times
+    # each of pack_buckets when groups are packed) at the first step, rather than at the step
+    # whose batch first needs it: no later step stalls on XLA (~20-30 s a shape for the tiny
+    # model on 2 cores, while an asynchronous run's rollouts race ahead to the staleness bound;
+    # with the compilation cache on, a later run loads them). Costs the compiles of shapes the
+    # run would never have used. Chains' extra rows (context management) compile when seen.
+    r.precompile = False
     r.recompute_kv = False  # new weights mid-episode: keep the KV caches (or rebuild them)
     # Let the engine dispatch its next decode call before reading the last one back (Engine
     # run_ahead: the same episodes, new weights landing one decode call later). Off: the RL

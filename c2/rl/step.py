@@ -337,6 +337,32 @@ class RLLearner:
         "advantage" and "mismatch_mean" / "mismatch_max" (|train - behaviour| log-probs over the
         sample's targets).
         """
+        fn, args = self._update_call(
+            params, opt_state, ref_params, batch, terms, effort_counts, step
+        )
+        return fn(*args)
+
+    def compile_update(self, params, opt_state, ref_params, batch, terms, effort_counts, step):
+        """Compiles the programs `update` runs for this batch's shapes, running nothing (nothing
+        donated, no collective): a later `update` on a batch of these shapes starts at once."""
+        fn, args = self._update_call(
+            params, opt_state, ref_params, batch, terms, effort_counts, step, compile_only=True
+        )
+        fn.lower(*args).compile()
+
+    def _update_call(
+        self, params, opt_state, ref_params, batch, terms, effort_counts, step, compile_only=False
+    ):
+        """(jitted update, its arguments) for `update`'s inputs, checked and placed. With
+        `compile_only`, the log-prob forwards whose outputs the update reads are compiled, not
+        run, and stand in the arguments as their shapes."""
+
+        def logp(p, b):
+            if not compile_only:
+                return self._logp_jit(p, b)
+            out = self._logp_jit.lower(p, b).compile().out_info
+            return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in out)
+
         B, _ = self.check_batch(batch)
         terms, effort_counts = self._check_rewards(terms, effort_counts, B)
         if self.needs_ref and ref_params is None:
@@ -356,17 +382,16 @@ class RLLearner:
                 )
         opt_state = jax.device_put(opt_state, self.opt_shardings)
         batch = self._put_batch(batch)
-        ref_kl_logp_BT = None if ref_params is None else self._logp_jit(ref_params, batch)[2]
+        ref_kl_logp_BT = None if ref_params is None else logp(ref_params, batch)[2]
         rows = NamedSharding(self.mesh, self._row_spec)
         terms = {k: _place(v, rows) for k, v in terms.items()}
         effort_counts = {k: _place(v, rows) for k, v in effort_counts.items()}
         step = jnp.asarray(step, jnp.int32)
         if self.single_forward:
-            return self._update_single_forward_jit(
-                params, opt_state, batch, ref_kl_logp_BT, terms, effort_counts, step
-            )
-        logp_BT, support_BT, kl_logp_BT = self._logp_jit(params, batch)
-        return self._update_jit(
+            fn = self._update_single_forward_jit
+            return fn, (params, opt_state, batch, ref_kl_logp_BT, terms, effort_counts, step)
+        logp_BT, support_BT, kl_logp_BT = logp(params, batch)
+        return self._update_jit, (
             params,
             opt_state,
             batch,

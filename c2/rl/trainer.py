@@ -19,6 +19,7 @@ moves the rollout files of steps the crash undid to DIR/rollouts/discarded/.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -287,6 +288,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             evals[0] = evaluate(0)
         rollouts.start()
         t_prev, seen = time.perf_counter(), rollouts.counters()
+        compiled_prev = metrics_lib.compile_seconds()
         for step in range(start + 1, steps + 1):
             s = step - 1  # the optimiser step, and the version of the weights it updates
             groups, waited = rollouts.next_groups(s)
@@ -295,7 +297,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             _check_staleness(samples, s, r.max_staleness)
             rows = [seg for x in samples for seg in x.chain]  # a row per segment
             last_rows = np.cumsum([len(x.chain) for x in samples]) - 1
-            batch = make_batch(
+            batch_of = functools.partial(
+                make_batch,
                 samples,
                 batch_size=len(samples),
                 seq_buckets=tuple(r.seq_buckets),
@@ -305,7 +308,11 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 pack_buckets=tuple(r.pack_buckets) if rl_config.packs_groups(config) else None,
                 pack_rows=pack_rows,
             )
+            batch = batch_of()
             terms, effort = reward_arrays(samples, len(samples))
+            if r.precompile and step == start + 1:
+                state = (params, opt_state, ref_params)
+                _precompile(learner, state, batch_of, batch, terms, effort, s, config)
             evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
             # The other processes train on this batch too (a no-op with one process).
             distributed.share(dict(batch=batch, terms=terms, effort=effort, evaluate=evaluating))
@@ -323,7 +330,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             write_rollouts(rollouts_dir, f"step_{step:06d}", samples)
             T = batch["inputs"].shape[1]
             now, counts = time.perf_counter(), rollouts.counters()
-            wall = now - t_prev
+            wall, compiled = now - t_prev, metrics_lib.compile_seconds()
             counters.tokens += len(rows) * T
             counters.flops += len(rows) * T * task.flops_per_token
             counters.device_seconds += wall * mesh.devices.size
@@ -339,6 +346,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                     "train_s": t_train,
                     "train_tokens_per_s": len(rows) * T / max(t_train, 1e-9),
                     "step_time_s": wall,
+                    # making programs (a batch shape seen for the first time), on any thread
+                    "compile_s": compiled - compiled_prev,
                     "cum_tokens": counters.tokens,
                     "cum_flops": counters.flops,
                     "cum_device_seconds": counters.device_seconds,
@@ -346,7 +355,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 }
                 | rollouts.metrics()
             )
-            t_prev, seen = now, counts
+            t_prev, seen, compiled_prev = now, counts, compiled
             if evaluating:
                 evals[step] = evaluate(step)
                 record |= _eval_metrics(evals[step])
@@ -422,6 +431,27 @@ def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
         path.replace(aside / path.name)
     steps = sorted({int(p.name[5:11]) for p in lost})
     log.info("rollouts of steps %s (after the restored step %d) moved to %s", steps, start, aside)
+
+
+def _precompile(learner, state, batch_of, batch, terms, effort, step: int, config) -> None:
+    """Compiles the update for every batch shape config.rl's buckets allow besides `batch`'s
+    (`rl.precompile`): the same samples padded to each larger bucket (make_batch's min_seq /
+    min_pack), compiled without running (RLLearner.compile_update)."""
+    r = config.rl
+    packs = rl_config.packs_groups(config)
+    shape = lambda b: (b["inputs"].shape, b["packed_inputs"].shape if packs else None)  # noqa: E731
+    done, t0 = {shape(batch)}, time.perf_counter()
+    for T in r.seq_buckets:
+        for W in r.pack_buckets if packs else (0,):
+            other = batch_of(min_seq=T, min_pack=W)
+            if shape(other) not in done:
+                done.add(shape(other))
+                learner.compile_update(*state, other, terms, effort, step)
+    log.info(
+        "compiled the update for %d batch shapes in %.1f s (config.rl.precompile)",
+        len(done) - 1,
+        time.perf_counter() - t0,
+    )
 
 
 def _follow(learner, state, ckpt, start: int, steps: int, config) -> dict:

@@ -5,12 +5,42 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+
+# JAX's events for the three stages of making a program: tracing, lowering to MLIR, and XLA's
+# compile (or a load from the persistent compilation cache).
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+_compile = {"seconds": 0.0, "listening": False}
+_compile_lock = threading.Lock()
+
+
+def _on_duration(event: str, duration_secs: float, **_) -> None:
+    if event in COMPILE_EVENTS:
+        with _compile_lock:
+            _compile["seconds"] += duration_secs
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent making JAX programs (tracing, lowering, compiling) since
+    the first call, on any thread: the difference across a training step is the part of it that
+    went to compiling, e.g. for a batch shape seen for the first time."""
+    with _compile_lock:
+        if not _compile["listening"]:
+            import jax
+
+            jax.monitoring.register_event_duration_secs_listener(_on_duration)
+            _compile["listening"] = True
+        return _compile["seconds"]
 
 
 def _plain(value):

@@ -210,6 +210,31 @@ def test_packed_rows_hold_each_prompt_once_and_every_sample_whole():
         np.testing.assert_array_equal(wide[key][: len(b[key])], b[key])
 
 
+def test_a_larger_bucket_on_request_adds_padding_only():
+    """min_seq / min_pack: the same samples in a larger bucket (to compile that bucket's
+    program before a batch needs it): the samples' positions unchanged, the rest padding."""
+    samples = group_sharing(6, [9, 12, 7])
+    kw = dict(batch_size=3, seq_buckets=(16, 32), cfg=CFG, pad_id=PAD, group_size=3)
+    small = make_batch(samples, pack_buckets=(32, 64), **kw)
+    big = make_batch(samples, pack_buckets=(32, 64), min_seq=17, min_pack=64, **kw)
+    assert small["inputs"].shape == (3, 16) and small["packed_inputs"].shape == (1, 32)
+    assert big["inputs"].shape == (3, 32) and big["packed_inputs"].shape == (1, 64)
+    assert big["packed_index"].shape == (3, 32)
+    for key in ("inputs", "targets", "target_mask", "segment_ids", "behaviour_logp"):
+        np.testing.assert_array_equal(big[key][:, :16], small[key])
+    assert not big["segment_ids"][:, 16:].any() and (big["inputs"][:, 16:] == PAD).all()
+    for key in ("packed_inputs", "packed_segment_ids", "packed_targets"):
+        np.testing.assert_array_equal(big[key][:, :32], small[key])
+    assert not big["packed_segment_ids"][:, 32:].any()
+    # packed_index is a flat index into [R * W]: with one row the same columns
+    np.testing.assert_array_equal(big["packed_index"][:, :16], small["packed_index"])
+    with pytest.raises(
+        ValueError,
+        match=r"the widest packed row or min_pack has 65 tokens.*pack_buckets=\(32, 64\)",
+    ):
+        make_batch(samples, pack_buckets=(32, 64), min_pack=65, **kw)
+
+
 def test_trunk_stops_where_the_group_differs():
     """Experts recorded differently, or a sample generating early, shorten the shared trunk;
     a group with nothing in common packs as branches alone."""

@@ -442,6 +442,7 @@ def grouped_samples(n_groups, seed=0):
 
 
 PACK = (64, 128)
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 @pytest.fixture(scope="module")
@@ -494,6 +495,34 @@ def test_packed_groups_sharded_equal_single_device(params, learner, grouped):
     want = host(run_update(make_learner(ONE_DEVICE, 8), params, plain8, terms8, effort8)[::2])
     got = host(run_update(wide, params, packed8, terms8, effort8)[::2])
     chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("single_forward", [False, True])
+def test_compile_update_compiles_what_update_runs(params, grouped, single_forward):
+    """compile_update for a larger bucket's batch runs nothing (its inputs stay alive) and
+    compiles every program the update of such a batch then runs: that update compiles none."""
+    _, _, terms, effort = grouped
+    samples = grouped_samples(B // G)
+    kw = dict(batch_size=B, seq_buckets=(T, 2 * T), cfg=CFG, pad_id=0, group_size=G)
+    batch = make_batch(samples, pack_buckets=PACK, min_seq=2 * T, min_pack=PACK[-1], **kw)
+    learner = make_learner(ONE_DEVICE, MICRO, single_forward=single_forward)
+    p = learner.shard_params(copy(params))
+    opt_state = learner.init_opt_state(p)
+    ref = jax.tree.map(lambda x: x * 0.99, p)
+    compiles = []
+    listener = lambda event, secs, **_: compiles.append(event)  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        learner.compile_update(p, opt_state, ref, batch, terms, effort, 0)
+        compiled = compiles.count(BACKEND_COMPILE)
+        assert compiled >= 2  # the update and the reference's forward, at least
+        assert not any(x.is_deleted() for x in jax.tree.leaves((p, opt_state)))
+        new, _, metrics, _ = learner.update(p, opt_state, ref, batch, terms, effort, 0)
+        jax.block_until_ready(new)
+        assert compiles.count(BACKEND_COMPILE) == compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert np.isfinite(float(metrics["loss"]))
 
 
 def test_router_bias_and_frozen_leaves_do_not_move(params, reference):

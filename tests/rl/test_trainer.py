@@ -84,6 +84,31 @@ def test_killed_run_resumes_with_an_exact_ledger(tmp_path, sandbox_ok):
     assert published == {"from_step_000000": [0, 1, 2], "from_step_000001": [1, 2, 3]}
 
 
+@pytest.mark.slow
+def test_precompile_compiles_each_bucket_at_the_first_step(tmp_path, sandbox_ok):
+    """rl.precompile: the first step compiles the update for the packed width its batch needs
+    (a group's 4 samples of <= 384 tokens fit 2,048) and for the larger one (4,096), which no
+    batch of this run needs; the step's compile_s says how long that took."""
+    import jax
+
+    c = _config(1)
+    c.rl.precompile, c.rl.pack_buckets = True, (2048, 4096)
+    updates = []
+
+    def listener(event, secs, fun_name="", **_):
+        if event == "/jax/core/compile/backend_compile_duration" and "_update" in fun_name:
+            updates.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        trainer.run(c, tmp_path / "rl")
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert len(updates) == 2, updates  # XLA compiled the update (jit(_update)) twice
+    (row,) = read_metrics(tmp_path / "rl" / "metrics.jsonl")
+    assert 0 < row["compile_s"] <= row["step_time_s"]
+
+
 KILL_CONFIG = """
 from c2.rl.config import rl_stage_defaults
 
