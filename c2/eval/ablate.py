@@ -216,7 +216,8 @@ def run_all(
 # Results ------------------------------------------------------------------------------------
 
 
-def _interval(values: Sequence[float]) -> dict:
+def t_interval(values: Sequence[float]) -> dict:
+    """Mean and 95% Student-t interval of a few runs' values (None and NaN left out)."""
     from scipy import stats
 
     v = np.asarray([x for x in values if x is not None and math.isfinite(x)], float)
@@ -291,13 +292,13 @@ def collect(out: Path, names: Sequence[str], seeds: int) -> dict:
             "k": rs[0]["k"],
         }
         for m in MEASURES:
-            row[m] = _interval([r[m] for r in rs])
+            row[m] = t_interval([r[m] for r in rs])
         if seeds == 1:  # the run's own interval over held-out tasks
             row["pass@1"]["ci95"] = rs[0]["pass@1_ci95"]
             row["best_of_k"]["ci95"] = rs[0]["best_of_k_ci95"]
         # Paired by seed against the baseline (same tasks, same seed).
         deltas = [r["pass@1"] - b["pass@1"] for r, b in zip(rs, base)]
-        row["pass@1_delta"] = _interval(deltas)
+        row["pass@1_delta"] = t_interval(deltas)
         if seeds == 1 and n != BASELINE:
             row["pass@1_delta"]["ci95"] = _task_paired_ci(rs[0], base[0])
         row["reward_curves"] = [r["reward_curve"] for r in rs]
