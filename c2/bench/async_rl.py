@@ -161,6 +161,31 @@ def common_prompt_rewards(workdirs: dict) -> dict:
     }
 
 
+def run_round(k: int, settings, tmp: Path, args, latency, overrides, rounds: list) -> tuple:
+    """Round k: every setting once (in reverse order in odd rounds, so none always goes first),
+    sampling with seed + k. ({S: summary}, {S: workdir}); each result is written to --out as it
+    comes, after the earlier rounds', so a later failure loses nothing measured."""
+    results, workdirs = {}, {}
+    for S in settings if k % 2 == 0 else settings[::-1]:
+        t0 = time.perf_counter()
+        workdir = workdirs[S] = tmp / (f"r{k}" if args.repeats > 1 else "") / f"S{S}"
+        config = bench_config(args.init_from, args.steps, S, latency, overrides)
+        config.train.seed += k  # the round's own samples; its settings share them
+        trainer.run(config, workdir)
+        r = results[S] = summarize(workdir) | {"total_s": time.perf_counter() - t0}
+        print(
+            f"round {k + 1}/{args.repeats} S={S}: {r['samples_per_s']:.2f} samples/s, "
+            f"trainer idle {r['trainer_idle_frac']:.2f}, reward/sample "
+            f"{r['reward_per_sample']:.3f} +- {r['reward_se']:.3f}, staleness "
+            f"{r['staleness_mean']:.2f}, compiling {r['compile_s']:.1f} s",
+            flush=True,
+        )
+        if args.out:
+            done = [*rounds, results]
+            Path(args.out).write_text(json.dumps([_keyed(x) for x in done]))
+    return results, workdirs
+
+
 def paired_over_rounds(rounds: Sequence[dict[int, dict]], base: int) -> dict[int, dict]:
     """Each setting against `base` in the same round (the same machine state, the same prompts):
     the samples/s ratio and the reward-per-sample gap on the prompts both trained, per round,
@@ -239,31 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         decode = decode_costs(args.init_from, slots, overrides)
         print(f"decode step: {decode[0] * 1e3:.1f} ms + {decode[1] * 1e3:.2f} ms per sequence")
         # Off the clock, a whole run of the first setting: the engine compiles a program per
-        # (rows, chunk, attended length) it meets, once per process, so a short warm-up left
-        # the first timed setting paying for the rest (18 s in 3 steps).
+        # (rows, chunk, attended length) it meets, once per process (a 2-step warm-up left the
+        # first timed run compiling for 18 s in its first 3 timed steps).
         warm = bench_config(args.init_from, args.steps, settings[0], latency, overrides)
         trainer.run(warm, tmp / "warmup")
         for k in range(args.repeats):
-            results, workdirs = {}, {}
-            # Every other round runs the settings in reverse, so no setting always goes first.
-            for S in settings if k % 2 == 0 else settings[::-1]:
-                t0 = time.perf_counter()
-                workdir = workdirs[S] = tmp / (f"r{k}" if args.repeats > 1 else "") / f"S{S}"
-                config = bench_config(args.init_from, args.steps, S, latency, overrides)
-                config.train.seed += k  # a round's own samples; its settings share them
-                trainer.run(config, workdir)
-                results[S] = summarize(workdir) | {"total_s": time.perf_counter() - t0}
-                r = results[S]
-                print(
-                    f"round {k + 1}/{args.repeats} S={S}: {r['samples_per_s']:.2f} samples/s, "
-                    f"trainer idle {r['trainer_idle_frac']:.2f}, reward/sample "
-                    f"{r['reward_per_sample']:.3f} +- {r['reward_se']:.3f}, staleness "
-                    f"{r['staleness_mean']:.2f}, compiling {r['compile_s']:.1f} s",
-                    flush=True,
-                )
-                if args.out:  # kept as it comes: a later failure loses nothing measured
-                    done = [*rounds, results]
-                    Path(args.out).write_text(json.dumps([_keyed(r) for r in done]))
+            results, workdirs = run_round(k, settings, tmp, args, latency, overrides, rounds)
             common = common_prompt_rewards(workdirs)
             rounds.append({S: results[S] | {"reward_common_prompts": common[S]} for S in settings})
             if k == 0:

@@ -148,7 +148,8 @@ def make_batch(
     groups' arrays, `pack_rows` rows of them (default: a row per group of batch_size; more
     rows are padding, e.g. to spread them over the devices). `min_seq` / `min_pack`: the
     buckets chosen hold at least this many tokens (a larger bucket than the samples need, all
-    padding past them: the same samples in every shape, to compile each bucket's program).
+    padding past them; with no samples, an all-padding batch of that bucket's shape, to compile
+    its program before a batch needs it).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: expected a positive int")

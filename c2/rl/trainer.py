@@ -299,7 +299,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             last_rows = np.cumsum([len(x.chain) for x in samples]) - 1
             batch_of = functools.partial(
                 make_batch,
-                samples,
                 batch_size=len(samples),
                 seq_buckets=tuple(r.seq_buckets),
                 cfg=cfg,
@@ -308,7 +307,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 pack_buckets=tuple(r.pack_buckets) if rl_config.packs_groups(config) else None,
                 pack_rows=pack_rows,
             )
-            batch = batch_of()
+            batch = batch_of(samples)
             terms, effort = reward_arrays(samples, len(samples))
             if r.precompile and step == start + 1:
                 state = (params, opt_state, ref_params)
@@ -435,15 +434,16 @@ def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
 
 def _precompile(learner, state, batch_of, batch, terms, effort, step: int, config) -> None:
     """Compiles the update for every batch shape config.rl's buckets allow besides `batch`'s
-    (`rl.precompile`): the same samples padded to each larger bucket (make_batch's min_seq /
-    min_pack), compiled without running (RLLearner.compile_update)."""
+    (`rl.precompile`), without running it (RLLearner.compile_update): for each bucket an
+    all-padding batch of its shape (`batch_of([], min_seq=, min_pack=)`), with `batch`'s reward
+    terms (a program depends on the inputs' shapes and names, not on their values)."""
     r = config.rl
     packs = rl_config.packs_groups(config)
     shape = lambda b: (b["inputs"].shape, b["packed_inputs"].shape if packs else None)  # noqa: E731
     done, t0 = {shape(batch)}, time.perf_counter()
     for T in r.seq_buckets:
         for W in r.pack_buckets if packs else (0,):
-            other = batch_of(min_seq=T, min_pack=W)
+            other = batch_of([], min_seq=T, min_pack=W)
             if shape(other) not in done:
                 done.add(shape(other))
                 learner.compile_update(*state, other, terms, effort, step)

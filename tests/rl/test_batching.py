@@ -211,8 +211,9 @@ def test_packed_rows_hold_each_prompt_once_and_every_sample_whole():
 
 
 def test_a_larger_bucket_on_request_adds_padding_only():
-    """min_seq / min_pack: the same samples in a larger bucket (to compile that bucket's
-    program before a batch needs it): the samples' positions unchanged, the rest padding."""
+    """min_seq / min_pack: the same samples in a larger bucket, their positions unchanged and
+    the rest padding; no samples: an all-padding batch of the bucket's shapes and dtypes (to
+    compile that bucket's program before a batch needs it)."""
     samples = group_sharing(6, [9, 12, 7])
     kw = dict(batch_size=3, seq_buckets=(16, 32), cfg=CFG, pad_id=PAD, group_size=3)
     small = make_batch(samples, pack_buckets=(32, 64), **kw)
@@ -226,6 +227,10 @@ def test_a_larger_bucket_on_request_adds_padding_only():
     for key in ("packed_inputs", "packed_segment_ids", "packed_targets"):
         np.testing.assert_array_equal(big[key][:, :32], small[key])
     assert not big["packed_segment_ids"][:, 32:].any()
+    blank = make_batch([], pack_buckets=(32, 64), min_seq=17, min_pack=33, **kw)
+    assert {k: blank[k].shape for k in big} == {k: big[k].shape for k in big}
+    assert {k: blank[k].dtype for k in big} == {k: big[k].dtype for k in big}
+    assert not blank["valid"].any() and not blank["packed_segment_ids"].any()
     # packed_index is a flat index into [R * W]: with one row the same columns
     np.testing.assert_array_equal(big["packed_index"][:, :16], small["packed_index"])
     with pytest.raises(

@@ -86,13 +86,13 @@ def test_killed_run_resumes_with_an_exact_ledger(tmp_path, sandbox_ok):
 
 @pytest.mark.slow
 def test_precompile_compiles_each_bucket_at_the_first_step(tmp_path, sandbox_ok):
-    """rl.precompile: the first step compiles the update for the packed width its batch needs
-    (a group's 4 samples of <= 384 tokens fit 2,048) and for the larger one (4,096), which no
-    batch of this run needs; the step's compile_s says how long that took."""
+    """rl.precompile: the first step compiles the update once for each packed width, the one
+    its batch needs and the others (a group's 4 samples of <= 384 tokens fit 1,024 or 2,048,
+    never 4,096), whichever its batch needs; the step's compile_s says how long that took."""
     import jax
 
     c = _config(1)
-    c.rl.precompile, c.rl.pack_buckets = True, (2048, 4096)
+    c.rl.precompile, c.rl.pack_buckets = True, (1024, 2048, 4096)
     updates = []
 
     def listener(event, secs, fun_name="", **_):
@@ -104,7 +104,7 @@ def test_precompile_compiles_each_bucket_at_the_first_step(tmp_path, sandbox_ok)
         trainer.run(c, tmp_path / "rl")
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-    assert len(updates) == 2, updates  # XLA compiled the update (jit(_update)) twice
+    assert len(updates) == 3, updates  # XLA compiled the update (jit(_update)) per width
     (row,) = read_metrics(tmp_path / "rl" / "metrics.jsonl")
     assert 0 < row["compile_s"] <= row["step_time_s"]
 
