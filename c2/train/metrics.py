@@ -15,10 +15,11 @@ METRICS_FILE = "metrics.jsonl"
 
 # JAX's events for the three stages of making a program: tracing, lowering to MLIR, and XLA's
 # compile (or a load from the persistent compilation cache).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # fun_name= the program
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
+    BACKEND_COMPILE_EVENT,
 )
 _compile = {"seconds": 0.0, "listening": False}
 _compile_lock = threading.Lock()

@@ -22,6 +22,7 @@ from c2.rl.objectives import EffortWeights, ObjectiveConfig
 from c2.rl.records import Sample
 from c2.rl.step import OUT_OF_SUPPORT_LOGP, RLLearner
 from c2.train.config import stage_defaults
+from c2.train.metrics import BACKEND_COMPILE_EVENT
 from c2.train.optimizer import make_optimizer, param_labels
 
 CFG = model.presets.get(
@@ -442,7 +443,6 @@ def grouped_samples(n_groups, seed=0):
 
 
 PACK = (64, 128)
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 @pytest.fixture(scope="module")
@@ -514,12 +514,12 @@ def test_compile_update_compiles_what_update_runs(params, grouped, single_forwar
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         learner.compile_update(p, opt_state, ref, batch, terms, effort, 0)
-        compiled = compiles.count(BACKEND_COMPILE)
+        compiled = compiles.count(BACKEND_COMPILE_EVENT)
         assert compiled >= 2  # the update and the reference's forward, at least
         assert not any(x.is_deleted() for x in jax.tree.leaves((p, opt_state)))
         new, _, metrics, _ = learner.update(p, opt_state, ref, batch, terms, effort, 0)
         jax.block_until_ready(new)
-        assert compiles.count(BACKEND_COMPILE) == compiled
+        assert compiles.count(BACKEND_COMPILE_EVENT) == compiled
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert np.isfinite(float(metrics["loss"]))
