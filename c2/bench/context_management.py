@@ -1,11 +1,12 @@
 """Self-summarisation vs prompt-based compaction vs no context management, after RL, in one run.
 
-    python -m c2.bench.context_management --init_from=runs/sft_notes_tiny [--seeds 0,1,2]
+    python -m c2.bench.context_management --init_from=runs/notes_chain/3_notes [--seeds 0,1,2]
         [--modes self_summary,compaction,none] [--steps 12] [--out FILE.json] [--workdir DIR]
 
 Each (mode, seed) is the RL stage of experiments/rl_notes_tiny.py (notes tasks whose episodes
-outgrow the 1,024-token context) with `config.rl.context_management = mode` and
-`config.train.seed = seed`, from the same start; runs go seed by seed, the modes interleaved.
+outgrow its 800-token context; the start policy from experiments/notes_chain_tiny.sh) with
+`config.rl.context_management = mode` and `config.train.seed = seed`, from the same start; runs
+go seed by seed, the modes interleaved.
 The held-out set (24 tasks x 2 samples) is the same for every run. Reported per mode, pooled
 over seeds: held-out pass@1 before and after RL with a 95% interval over tasks (tasks are the
 independent units: a task's pass rate is averaged over seeds and samples), generated tokens per
@@ -75,7 +76,9 @@ def pooled(evals: Sequence[dict]) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m c2.bench.context_management")
-    p.add_argument("--init_from", required=True, help="the RL start (experiments/sft_notes_tiny)")
+    p.add_argument(
+        "--init_from", required=True, help="the RL start (experiments/notes_chain_tiny.sh)"
+    )
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=12)

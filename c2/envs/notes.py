@@ -30,7 +30,8 @@ reads, with the summary the model should write: SFT data for chains.
 
     python -m c2.envs.notes --out DIR --n N --seed S --split train|eval [--files 3 --note_chars 320
         --level full|fixed|keyed]
-    python -m c2.envs.notes --chains --out FILE.jsonl --n N ...   (their oracle chains: SFT data)
+    python -m c2.envs.notes --chains --out FILE.jsonl --n N ... [--cuts 1,2]   (their oracle
+        chains: SFT data)
 """
 
 from __future__ import annotations
@@ -294,14 +295,24 @@ def oracle_chain(
 
 
 def chain_conversations(
-    n: int, seed: int, split: str, files: int = 3, note_chars: int = 320, level: str = "full"
+    n: int,
+    seed: int,
+    split: str,
+    files: int = 3,
+    note_chars: int = 320,
+    level: str = "full",
+    cuts: Sequence[int] | None = None,
 ) -> list[dict]:
     """SFT data for chains: {"messages", "path"} per segment of the oracle chains of tasks
     0..n-1, each chain cut once after a seeded number of reads (1..files-1: the summary, and
     going on from one, both seen), every other chain also uncut, and every third also cut twice
     (after a and b reads, a < b <= files: a summary written from a segment that began with one,
     as a tight context asks for). The last reply writes the file and submits (no observation
-    after the fix, so no cut between the two)."""
+    after the fix, so no cut between the two). `cuts`: instead, every chain cut exactly there
+    (the points a run's trigger cuts at: a summary trigger below every segment's length after
+    its first read cuts after every read)."""
+    if cuts is not None and not all(1 <= c <= files for c in cuts):
+        raise ValueError(f"cuts={tuple(cuts)}: expected numbers of reads in 1..{files}")
     out = []
     for i in range(n):
         t = notes_task(seed, split, i, files, note_chars, level)
@@ -312,9 +323,11 @@ def chain_conversations(
         if i % 3 == 0 and files > 1:
             a = rng.randrange(1, files)
             plans.append((a, rng.randrange(a + 1, files + 1)))
-        for cuts in plans:
-            for k, messages in enumerate(oracle_chain(t, cuts, submit_with_write=True)):
-                path = f"{t['metadata']['task_id']}/cut{'-'.join(map(str, cuts))}/{k}"
+        if cuts is not None:
+            plans = [tuple(sorted(set(cuts)))]
+        for plan in plans:
+            for k, messages in enumerate(oracle_chain(t, plan, submit_with_write=True)):
+                path = f"{t['metadata']['task_id']}/cut{'-'.join(map(str, plan))}/{k}"
                 out.append({"messages": messages, "path": path})
     return out
 
@@ -334,9 +347,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write the tasks' oracle chains as agent-SFT conversations (JSONL, one segment per "
         "line: data.corpus=FILE) to --out instead of the tasks: SFT data of any size",
     )
+    p.add_argument(
+        "--cuts",
+        default=None,
+        help="with --chains: every chain cut after these numbers of reads (e.g. 1,2) instead "
+        "of the seeded mix of cut points",
+    )
     a = p.parse_args(argv)
     if a.chains:
-        convs = chain_conversations(a.n, a.seed, a.split, a.files, a.note_chars, a.level)
+        cuts = None
+        if a.cuts is not None:
+            try:
+                cuts = [int(x) for x in a.cuts.split(",") if x.strip()]
+            except ValueError:
+                p.error(f"--cuts={a.cuts!r}: expected comma-separated integers, e.g. 1,2")
+        convs = chain_conversations(a.n, a.seed, a.split, a.files, a.note_chars, a.level, cuts)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         from c2.data.sft import write_sft_jsonl  # the data package, only for this output

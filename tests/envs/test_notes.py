@@ -172,3 +172,31 @@ def test_chains_cli_writes_sft_data_of_any_size(tmp_path):
     assert load_sft_jsonl(str(out)) == want
     assert len(want) == 2 * 7 + 3 + 3 * 3  # cut once (2 segments), 3 uncut, 3 cut twice
     assert not list(out.parent.glob("*.tmp"))
+
+
+def test_chains_cut_where_asked(tmp_path):
+    """--cuts 1,2: every chain cut after its first and second read (3 segments, the summaries
+    carrying the values read so far); cut points beyond the notes are refused by name."""
+    from c2.data.sft import load_sft_jsonl
+    from c2.envs.notes import chain_conversations, main, notes_task, summary_text
+
+    convs = chain_conversations(4, 3, "train", 2, 80, "fixed", cuts=(2, 1))
+    assert [c["path"].rsplit("/", 2)[1:] for c in convs[:3]] == [
+        ["cut1-2", "0"],
+        ["cut1-2", "1"],
+        ["cut1-2", "2"],
+    ]
+    assert len(convs) == 4 * 3
+    meta = notes_task(3, "train", 0, 2, 80, "fixed")["metadata"]
+    for k, conv in enumerate(convs[:2], 1):  # each of the first two segments ends in its summary
+        assert conv["messages"][-1] == {"role": "assistant", "content": summary_text(meta, k)}
+    assert summary_text(meta, 1) in convs[1]["messages"][1]["content"]
+    assert summary_text(meta, 2) in convs[2]["messages"][1]["content"]
+    out = tmp_path / "chains.jsonl"
+    args = ["--chains", "--out", str(out), "--n", "4", "--seed", "3", "--files", "2"]
+    assert main([*args, "--note_chars", "80", "--level", "fixed", "--cuts", "1,2"]) == 0
+    assert load_sft_jsonl(str(out)) == convs
+    with pytest.raises(ValueError, match=r"cuts=\(3,\): expected numbers of reads in 1..2"):
+        chain_conversations(1, 3, "train", 2, 80, "fixed", cuts=(3,))
+    with pytest.raises(SystemExit):
+        main([*args, "--level", "fixed", "--cuts", "one"])
