@@ -7,7 +7,7 @@
 #   bash experiments/notes_chain_tiny.sh [DIR]          (default DIR: runs/notes_chain)
 #
 # Three `python -m c2.main` stages into DIR/1_tool_recall, DIR/2_notes_mix and DIR/3_notes, each
-# from the last, then held-out episodes of the last (DIR/heldout_greedy, DIR/heldout_t1). Start
+# from the last, then held-out episodes of the last (DIR/heldout_t0 greedy, DIR/heldout_t1). Start
 # the RL stage or the comparison of the three context modes from it:
 #   python -m c2.main --config=experiments/rl_notes_tiny.py --workdir=DIR/rl \
 #       --config.init_from=DIR/3_notes
