@@ -294,6 +294,19 @@ def oracle_chain(
     return segments
 
 
+def _seeded_plans(seed: int, split: str, i: int, files: int) -> list[tuple[int, ...]]:
+    """Task i's cut points (chain_conversations): once after 1..files-1 reads; every other task
+    also uncut; every third also cut twice."""
+    rng = random.Random(f"notes-sft:{seed}:{split}:{i}")
+    plans = [(rng.randrange(1, files),)] if files > 1 else [()]
+    if i % 2:
+        plans.append(())
+    if i % 3 == 0 and files > 1:
+        a = rng.randrange(1, files)
+        plans.append((a, rng.randrange(a + 1, files + 1)))
+    return plans
+
+
 def chain_conversations(
     n: int,
     seed: int,
@@ -316,15 +329,9 @@ def chain_conversations(
     out = []
     for i in range(n):
         t = notes_task(seed, split, i, files, note_chars, level)
-        rng = random.Random(f"notes-sft:{seed}:{split}:{i}")
-        plans = [(rng.randrange(1, files),)] if files > 1 else [()]
-        if i % 2:
-            plans.append(())
-        if i % 3 == 0 and files > 1:
-            a = rng.randrange(1, files)
-            plans.append((a, rng.randrange(a + 1, files + 1)))
-        if cuts is not None:
-            plans = [tuple(sorted(set(cuts)))]
+        plans = (
+            [tuple(sorted(set(cuts)))] if cuts is not None else _seeded_plans(seed, split, i, files)
+        )
         for plan in plans:
             for k, messages in enumerate(oracle_chain(t, plan, submit_with_write=True)):
                 path = f"{t['metadata']['task_id']}/cut{'-'.join(map(str, plan))}/{k}"
