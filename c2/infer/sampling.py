@@ -87,10 +87,31 @@ def categorical(key_B: jax.Array, weights_BV: jax.Array) -> jax.Array:
     return inverse_cdf(jax.vmap(jax.random.uniform)(key_B), weights_BV)
 
 
+def greedy(logits_BV: jax.Array) -> jax.Array:
+    """int32 over the leading axes: each row's first index of its maximum, as `jnp.argmax` (a
+    row holding a NaN gives its last index). A max, then a min over the indices that match it:
+    argmax's variadic reduce was ~4x slower on XLA:CPU ([32, 320]: ~60 us of a ~2.7 ms decode
+    call)."""
+    V = logits_BV.shape[-1]
+    top_B1 = logits_BV.max(-1, keepdims=True)
+    return jnp.min(jnp.where(logits_BV == top_B1, jnp.arange(V, dtype=jnp.int32), V - 1), -1)
+
+
 def sample(key_B: jax.Array, logp_BV: jax.Array, temperature_B: jax.Array) -> jax.Array:
     """One token per row [B] int32: argmax for greedy rows, a draw from logp_BV otherwise."""
     drawn_B = categorical(key_B, jnp.exp(logp_BV))
-    return jnp.where(temperature_B <= 0, jnp.argmax(logp_BV, -1), drawn_B).astype(jnp.int32)
+    return jnp.where(temperature_B <= 0, greedy(logp_BV), drawn_B).astype(jnp.int32)
+
+
+def sample_rows(keys_fn, logp_BV: jax.Array, temperature_B: jax.Array) -> jax.Array:
+    """`sample` with the row keys made by keys_fn() only when some row samples: a greedy batch
+    draws no random bits (deriving the keys, threefry in rolled loops on the CPU, was ~0.1 ms
+    of a 2.7 ms batch-32 decode call). The same tokens either way."""
+    return jax.lax.cond(
+        jnp.any(temperature_B > 0),
+        lambda: sample(keys_fn(), logp_BV, temperature_B),
+        lambda: greedy(logp_BV),
+    )
 
 
 def take(logp_BV: jax.Array, tokens_B: jax.Array) -> jax.Array:
@@ -125,7 +146,7 @@ def speculative_accept(
     p_d_BK = target_logp_BKV[rows, pos_K, drafts_BK]
     q_d_BK = draft_logp_BKV[rows, pos_K, drafts_BK]
     sampled_ok_BK = jnp.log(u_BK) <= p_d_BK - q_d_BK
-    greedy_ok_BK = drafts_BK == jnp.argmax(target_logp_BKV[:, :K], -1)
+    greedy_ok_BK = drafts_BK == greedy(target_logp_BKV[:, :K])
     ok_BK = jnp.where(greedy_B[:, None], greedy_ok_BK, sampled_ok_BK)
     accepted_B = jnp.sum(jnp.cumprod(ok_BK.astype(jnp.int32), axis=1), axis=1)
 
@@ -136,6 +157,6 @@ def speculative_accept(
     empty_B = residual_BV.sum(-1) <= 0  # p == q: the residual is empty, p itself is exact
     residual_BV = jnp.where(empty_B[:, None], p_BV, residual_BV)
     drawn_B = categorical(keys[:, 1], residual_BV)
-    greedy_next_B = jnp.argmax(target_logp_BKV[jnp.arange(B), accepted_B], -1)
+    greedy_next_B = greedy(target_logp_BKV[jnp.arange(B), accepted_B])
     next_B = jnp.where(greedy_B, greedy_next_B, drawn_B).astype(jnp.int32)
     return accepted_B, next_B

@@ -235,8 +235,9 @@ def feed(params, state: dict, base_key, slots_R, tokens_RC, lengths_R, spec: Ste
     logp = sampling.sampling_logprobs(
         logits[jnp.arange(R), last], sl("temperature"), sl("top_k"), sl("top_p")
     )
-    key = _row_keys(base_key, sl("rid"), sl("n_gen"))
-    token = sampling.sample(key, logp, sl("temperature"))
+    token = sampling.sample_rows(
+        lambda: _row_keys(base_key, sl("rid"), sl("n_gen")), logp, sl("temperature")
+    )
     if spec.speculative:
         state = _feed_mtp(params, state, slots_R, s, tokens_RC, aux["hidden"], last, spec, kv_len)
     return state, token, sampling.take(logp, token), _routing(aux, c, R, C)
@@ -255,8 +256,8 @@ def _plain_step(params, state: dict, base_key, spec: StepSpec, kv_len):
     logp = sampling.sampling_logprobs(
         logits[:, 0], state["temperature"], state["top_k"], state["top_p"]
     )
-    new = sampling.sample(
-        _row_keys(base_key, state["rid"], state["n_gen"]), logp, state["temperature"]
+    new = sampling.sample_rows(
+        lambda: _row_keys(base_key, state["rid"], state["n_gen"]), logp, state["temperature"]
     )
     is_stop = (new[:, None] == state["stop_ids"]).any(-1)
     budget = state["budget"] - gen

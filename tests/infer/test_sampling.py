@@ -67,6 +67,35 @@ def test_rows_keep_their_own_settings_and_greedy_gets_model_logprobs():
     chex.assert_trees_all_equal(toks, sampling.sample(keys, got, temp))  # seeded
 
 
+def test_greedy_is_argmax_first_of_ties():
+    """The first index of each row's maximum, ties included, over any leading axes."""
+    x = jnp.round(jax.random.normal(jax.random.key(4), (6, 5, 40)) * 2)  # many ties
+    assert (x == x.max(-1, keepdims=True)).sum(-1).max() > 1
+    np.testing.assert_array_equal(sampling.greedy(x), jnp.argmax(x, -1))
+    assert sampling.greedy(x).dtype == jnp.int32
+
+
+def test_sample_rows_makes_keys_only_when_a_row_samples():
+    """Compiled, a greedy batch never runs the key function (a host callback in it counts the
+    runs) and gives argmax; a batch with one sampling row runs it and draws as `sample` does."""
+    logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(5), (4, 30)) * 2)
+    keys = jax.random.split(jax.random.key(6), 4)
+    runs = []
+
+    def keys_fn():
+        jax.debug.callback(lambda: runs.append(1))
+        return keys
+
+    step = jax.jit(lambda t: sampling.sample_rows(keys_fn, logp, t))
+    np.testing.assert_array_equal(step(jnp.zeros(4)), jnp.argmax(logp, -1))
+    jax.effects_barrier()
+    assert runs == []
+    mixed = jnp.array([0.0, 1.0, 0.0, 0.7])
+    np.testing.assert_array_equal(step(mixed), sampling.sample(keys, logp, mixed))
+    jax.effects_barrier()
+    assert runs == [1]
+
+
 def test_sample_follows_the_distribution():
     logp = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
     n = 20000
