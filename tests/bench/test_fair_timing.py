@@ -2,6 +2,7 @@
 
 import io
 import itertools
+import os
 
 import pytest
 
@@ -56,6 +57,7 @@ def test_quiet_machine_passes_without_warning():
     assert rec["load_average_before"] == (0.1, 0.2, 0.3)
     assert rec["load_average_after"] == (1.9, 0.5, 0.3)
     assert rec["machine_busy"] is False
+    assert f", {os.cpu_count()} cores" in rec["processor"]
 
 
 def test_busy_machine_warns_loudly_and_records_it():
