@@ -40,7 +40,7 @@ def cpu_seconds() -> tuple[float, float] | None:
 
 def processor() -> str:
     """The CPU's model name, core count and widest vector units: machines of one name differ
-    between VMs (on an Intel Xeon with AMX, transformers' batch-32 greedy decoding ran 1.6x as
+    between VMs (on an Intel Xeon with AMX, transformers' batch-32 greedy decoding ran ~1.5x as
     fast as on another day's machine), so a result names the processor it ran on."""
     name, flags = platform.processor() or platform.machine(), []
     try:
