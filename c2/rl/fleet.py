@@ -28,7 +28,10 @@ Faults.
   a stale worker  one whose held version is more than max_staleness behind the newest published
                   version fetches that version synchronously before playing on (`refreshed`);
                   and a returned sample with a token older than its group's admission version is
-                  never trained: it is played again (`regenerated`), and counted.
+                  never trained: it is played again (`regenerated`), and counted, by another
+                  worker while one holds a new enough version (a worker whose tokens come out
+                  older than it reports may keep doing so: given its own stale episodes back
+                  first, it could replay them forever).
 Every fault is counted in `metrics()` (`fleet/...`), which the trainer logs each step.
 
 `ray` is an optional extra (`pip install -e '.[distributed]'`); this module imports it only when
@@ -278,6 +281,10 @@ class RolloutWorker:
 # The driver ----------------------------------------------------------------------------------
 
 
+def _key(req: EpisodeRequest) -> tuple[str, int]:
+    return req.group_id, req.sample_index
+
+
 class _Handle:
     """One worker as the driver sees it: how to call it, and what it holds."""
 
@@ -356,6 +363,8 @@ class RayRollouts(orchestrator.Collector):
         self._stop = threading.Event()
         self._on_close = on_close
         self.counts: Counter = Counter()  # fleet events: deaths, restarts, regenerated, ...
+        # (group, sample) -> the workers, (index, incarnation), that returned it stale
+        self._stale_from: dict[tuple[str, int], set[tuple[int, int]]] = {}
         self._blobs: dict[str, bytes] = {}
         self._lost_errors = 0  # episode errors counted by workers since lost
 
@@ -429,7 +438,7 @@ class RayRollouts(orchestrator.Collector):
         for req in list(self._retry):
             if len(out) >= h.want:
                 break
-            if self.scheduler.groups[req.prompt_id].admitted_at <= h.version:
+            if self._may_retry(h, req):
                 self._retry.remove(req)
                 out.append(req)
         while (
@@ -443,7 +452,7 @@ class RayRollouts(orchestrator.Collector):
             self._left -= 1
             out.extend(self.request(prompt_id, k) for k in range(self.scheduler.G))
         for req in out:
-            h.inflight[(req.group_id, req.sample_index)] = req
+            h.inflight[_key(req)] = req
         h.want -= len(out)
         return out
 
@@ -452,10 +461,20 @@ class RayRollouts(orchestrator.Collector):
         new version, instead of returning at once to ask again)."""
         if h.version < 0:
             return True  # the first reply tells its version
-        groups = self.scheduler.groups
-        retry = any(groups[r.prompt_id].admitted_at <= h.version for r in self._retry)
+        retry = any(self._may_retry(h, r) for r in self._retry)
         fresh = self._left and self._prompts and self.scheduler.quota(h.version) >= 1
         return retry or bool(fresh)
+
+    def _may_retry(self, h: _Handle, req: EpisodeRequest) -> bool:
+        """Whether worker `h` may play `req` again (lock held): it holds at least the group's
+        admission version, and it did not return `req` stale before, unless no other worker
+        holds such a version now."""
+        admitted = self.scheduler.groups[req.prompt_id].admitted_at
+        if h.version < admitted:
+            return False
+        if (h.index, h.incarnation) not in self._stale_from.get(_key(req), ()):
+            return True
+        return not any(x is not h and x.version >= admitted for x in self._handles)
 
     def _all_admitted(self) -> bool:
         return not self._retry and not (self._left and self._prompts)
@@ -484,8 +503,10 @@ class RayRollouts(orchestrator.Collector):
             if oldest is not None and oldest < group.admitted_at:
                 # Generated with weights older than the group allows: never trained.
                 self.counts["regenerated"] += 1
+                self._stale_from.setdefault(_key(req), set()).add((h.index, h.incarnation))
                 self._retry.append(req)
                 continue
+            self._stale_from.pop(_key(req), None)
             self._finished(sample)  # re-entrant: the Condition's lock is an RLock
         self._cond.notify_all()
 

@@ -155,15 +155,18 @@ def test_every_worker_dead_without_restarts_stops_the_run_with_the_reason(tmp_pa
 
 
 def test_samples_older_than_their_group_are_regenerated_never_trained(tmp_path):
-    # Worker 1's tokens come from one version before the one it reports: its samples of groups
-    # admitted at v >= 1 violate the admission rule and are played again (by worker 0, or by
-    # itself until a sample is not stale: version 0 groups).
+    # Worker b's tokens come from one version before the one it reports: its samples of groups
+    # admitted at v >= 1 violate the admission rule and are played again, by worker a, which
+    # holds a new enough version (given back to b first, b could replay them forever: this
+    # test hung once in CI that way, before the rule).
     workers = {(0, 0): _Worker("a"), (1, 0): _Worker("b", stale=True)}
     trained, rollouts, _ = _run(tmp_path, workers, n_workers=2, S=1)
     assert rollouts.metrics()["fleet/regenerated"] > 0
     for step in trained:
         for g in step:
             assert all(orchestrator.oldest_version(x) >= g.admitted_at for x in g.samples)
+            if g.admitted_at >= 1:  # b's samples of these groups are always stale
+                assert {x.info["worker"] for x in g.samples} == {"a"}
 
 
 def test_packed_tasks_round_trip(tmp_path):
