@@ -288,30 +288,34 @@ def _capacity_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, capacity: int):
     return einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_TKH.dtype))
 
 
-def decode_capacities(T: int, K: int, E: int) -> tuple[int, ...]:
-    """The per-expert slot counts a CPU step over T tokens tries, smallest first, before every
-    expert on every token: twice and three times the mean load, those below T. A decode step's
-    routing is skewed (32 tokens x top-4 of 16 experts put ~19 on the busiest, the mean being
-    8), so the second size is what most steps take."""
-    mean = -(-T * K // E)
-    return tuple(sorted({cap for cap in (2 * mean, 3 * mean) if cap < T}))
+def decode_capacity(T: int, K: int, E: int) -> int | None:
+    """The per-expert slots a CPU step over T tokens tries before every expert on every token:
+    three times the mean load, when below T (None: no such). A decode step's routing is skewed:
+    32 tokens x top-4 of 16 experts put ~19 on the busiest, the mean being 8, so twice the mean
+    (what this was before) rarely fit and every expert ran on every token."""
+    cap = 3 * -(-T * K // E)
+    return cap if cap < T else None
 
 
 def _few_tokens_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig):
-    """A few tokens (a decode step) on the CPU: the smallest of `decode_capacities` slots per
-    expert that the busiest expert fits (E * capacity rows where every expert on every token is
-    E * T), else every expert on every token; chosen on the device per call, the same values
-    either way."""
+    """A few tokens (a decode step) on the CPU: `decode_capacity` slots per expert when the
+    busiest expert fits (E * capacity rows where every expert on every token is E * T), else
+    every expert on every token; chosen on the device per call, the same values either way."""
     T, K = idx_TK.shape
     E = p["w_gate"].shape[0]
-    caps = decode_capacities(T, K, E)
-    branches = [functools.partial(_capacity_local, c=c, capacity=cap) for cap in caps]
-    branches.append(functools.partial(_all_experts_local, c=c))
-    if len(branches) == 1:
-        return branches[0](x_TH, idx_TK, gates_TK, p)
+    cap = decode_capacity(T, K, E)
+    if cap is None:
+        return _all_experts_local(x_TH, idx_TK, gates_TK, p, c)
     busiest = jnp.bincount(idx_TK.reshape(-1), length=E).max()
-    which = (jnp.asarray(caps) < busiest).sum()  # the first capacity the busiest fits
-    return jax.lax.switch(which, branches, x_TH, idx_TK, gates_TK, p)
+    return jax.lax.cond(
+        busiest <= cap,
+        functools.partial(_capacity_local, c=c, capacity=cap),
+        functools.partial(_all_experts_local, c=c),
+        x_TH,
+        idx_TK,
+        gates_TK,
+        p,
+    )
 
 
 def _dispatch_local(x_TH, idx_TK, gates_TK, p, c: ModelConfig, pairs=None):
