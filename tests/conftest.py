@@ -1,6 +1,8 @@
 """Every test sees 8 simulated CPU devices and shares one compilation cache; this must run before
-jax is imported anywhere."""
+jax is imported anywhere. A pytest-xdist worker that dies in native code has its test run once
+more in a fresh worker, with the dead worker's stacks printed (see `pytest_handlecrashitem`)."""
 
+import faulthandler
 import os
 from pathlib import Path
 
@@ -28,3 +30,49 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# A worker killed by a signal. jaxlib 0.10's XLA:CPU registers its JIT-compiled kernels' unwind
+# tables with libgcc (`__register_frame`); now and then the table of a freed executable is still
+# registered, and the next C++ exception anywhere in the process (jaxlib throws one at the end of
+# every iteration over a device list) segfaults in libgcc's unwinder. Which test it hits depends
+# on what the worker compiled and freed before (CI saw tests/rl/test_step.py's last tests, late in
+# a long-lived worker), not on the test: so a crashed test runs once more in a fresh worker, and
+# the dead worker's Python stacks (faulthandler, every thread) are printed at the end of the run.
+# A test that crashes its fresh worker too fails. Without xdist a crash ends the run as usual.
+FAULT_DIR = Path(__file__).parents[1] / ".cache" / "pytest-faults"
+_crashes = {}  # nodeid -> the worker stacks of each crash, for the terminal summary
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler, which writes to stderr
+def pytest_configure(config):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # xdist workers' stderr does not reach the run's output: write to a file
+        FAULT_DIR.mkdir(parents=True, exist_ok=True)
+        config._c2_fault_log = open(FAULT_DIR / f"{worker}.log", "w")  # noqa: SIM115
+        faulthandler.enable(config._c2_fault_log, all_threads=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    log = FAULT_DIR / f"{report.node.gateway.id}.log"
+    stacks = log.read_text(errors="replace") if log.exists() else "(no faulthandler output)"
+    first = crashitem not in _crashes
+    _crashes.setdefault(crashitem, []).append(f"{report.node.gateway.id}:\n{stacks}")
+    if first:
+        sched.mark_test_pending(crashitem)
+        report.outcome = "rerun"
+    else:
+        report.longrepr = f"{report.longrepr} (twice, in two workers)\n{stacks}"
+
+
+def pytest_report_teststatus(report, config):
+    if report.outcome == "rerun":
+        return "rerun", "R", ("RERUN", {"yellow": True})
+
+
+def pytest_terminal_summary(terminalreporter):
+    for nodeid, dumps in _crashes.items():
+        terminalreporter.section(f"worker crashed in {nodeid}", sep="-", yellow=True)
+        for dump in dumps:
+            terminalreporter.write_line(dump)
