@@ -36,9 +36,10 @@ def pytest_collection_modifyitems(config, items):
 # tables with libgcc (`__register_frame`); now and then the table of a freed executable is still
 # registered, and the next C++ exception anywhere in the process (jaxlib throws one at the end of
 # every iteration over a device list) segfaults in libgcc's unwinder. Which test it hits depends
-# on what the worker compiled and freed before (CI saw tests/rl/test_step.py's last tests, late in
-# a long-lived worker), not on the test: so a crashed test runs once more in a fresh worker, and
-# the dead worker's Python stacks (faulthandler, every thread) are printed at the end of the run.
+# on what the worker compiled and freed before, not on the test (4 of 6 CI runs lost a worker in
+# tests/rl/test_step.py, late in the run; it passes alone): so a crashed test runs once more in a
+# fresh worker, and the dead worker's Python stacks (faulthandler, every thread) are printed at the
+# end of the run.
 # A test that crashes its fresh worker too fails. Without xdist a crash ends the run as usual.
 FAULT_DIR = Path(__file__).parents[1] / ".cache" / "pytest-faults"
 _crashes = {}  # nodeid -> the worker stacks of each crash, for the terminal summary
