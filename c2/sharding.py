@@ -135,15 +135,18 @@ def check_divisible(
     seq: int | None = None,
     n_experts: int | None = None,
     n_heads: int | None = None,
+    n_kv_heads: int | None = None,
 ) -> None:
-    """Fail before compiling, with the numbers, when the mesh does not divide the model."""
+    """Fail before compiling, with the numbers, when the mesh does not divide the activations
+    (parameters: `c2.model.check_mesh`)."""
     if mesh is None:
         return
     checks = [
-        ("batch", batch, BATCH_AXES),
-        ("sequence length", seq, "context"),
-        ("n_experts", n_experts, "expert"),
-        ("n_heads", n_heads, "tensor"),
+        ("batch", batch, RULES["batch"]),
+        ("sequence length", seq, RULES["seq"]),
+        ("n_experts", n_experts, RULES["experts"]),
+        ("n_heads", n_heads, RULES["heads"]),
+        ("n_kv_heads", n_kv_heads, RULES["kv_heads"]),
     ]
     for what, n, axes in checks:
         size = axis_size(mesh, axes)

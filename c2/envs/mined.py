@@ -1,7 +1,8 @@
 """Repair and feature tasks mined from real packages, in the manner of SWE-smith.
 
-A source is a package's source distribution from PyPI (`pypi:NAME==VERSION`, fetched once with
-pip and cached under $C2_SOURCE_CACHE, default ~/.cache/c2/sources) or a local checkout (a
+A source is a package's source distribution from PyPI (`pypi:NAME==VERSION`: the sdist file,
+hash-checked and unpacked without building anything, whatever its build backend, then cached
+under $C2_SOURCE_CACHE, default ~/.cache/c2/sources: sdist.py) or a local checkout (a
 directory). Its own test suite is the judge:
 
   1. Layout. The importable packages/modules (egg-info top_level.txt, else the directories with
@@ -52,21 +53,16 @@ import concurrent.futures as cf
 import dataclasses
 import difflib
 import email.parser
-import fcntl
 import math
 import os
 import random
 import re
 import shutil
-import subprocess
-import sys
-import tarfile
 import tempfile
 import textwrap
 import threading
 import time
 import tomllib
-import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -74,6 +70,13 @@ from c2.envs.envcache import ensure_env, pytest_requirement
 from c2.envs.grading import TestRun, pytest_outcomes
 from c2.envs.mutations import Mutation, apply_all, kind_balanced, mutation_sites
 from c2.envs.sandbox import Sandbox, SandboxLimits
+from c2.envs.sdist import (  # noqa: F401  (fetching lives in sdist.py; its names stay here too)
+    SourceError,
+    _norm,
+    default_source_cache,
+    fetch_sdist,
+    parse_source,
+)
 from c2.envs.tasks import Task, write_task
 
 LEVELS = ("1", "2", "3", "feature")
@@ -150,96 +153,10 @@ DEFAULT_SET: tuple[PackageSpec, ...] = (
 )
 
 
-class SourceError(ValueError):
-    """The source cannot be mined: missing, unfetchable, without tests, or failing its tests."""
-
-
-def default_source_cache() -> Path:
-    return Path(os.environ.get("C2_SOURCE_CACHE", "~/.cache/c2/sources")).expanduser()
-
-
 def default_specs(split: str | None = None) -> list[PackageSpec]:
     if split not in (None, *SPLITS):
         raise ValueError(f"split={split!r}: expected one of {SPLITS}")
     return [s for s in DEFAULT_SET if split is None or s.split == split]
-
-
-# ---------------------------------------------------------------------- fetching
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def parse_source(spec: str) -> tuple[str, str, str | None]:
-    """("pypi", name, version) or ("dir", absolute path, None)."""
-    if spec.startswith("pypi:"):
-        m = re.fullmatch(r"pypi:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)", spec)
-        if not m:
-            raise SourceError(f"source {spec!r}: expected pypi:NAME==VERSION (an exact version)")
-        return "pypi", m.group(1), m.group(2)
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise SourceError(
-            f"source {spec!r}: no such directory (expected a local checkout or pypi:NAME==VERSION)"
-        )
-    return "dir", str(path.resolve()), None
-
-
-def fetch_sdist(name: str, version: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The unpacked source distribution of NAME==VERSION (downloaded with pip once, cached)."""
-    cache = Path(cache_dir) if cache_dir is not None else default_source_cache()
-    cache.mkdir(parents=True, exist_ok=True)
-    dest = cache / f"{_norm(name)}-{version}"
-    if (dest / ".c2-complete").is_file():
-        return _single_root(dest)
-    with open(cache / f"{dest.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (dest / ".c2-complete").is_file():
-            return _single_root(dest)
-        with tempfile.TemporaryDirectory(prefix="c2-sdist-", dir=cache) as tmp:
-            dl = Path(tmp) / "dl"
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-            cmd += ["--no-build-isolation", "--disable-pip-version-check", "--no-input"]
-            cmd += ["-d", str(dl), f"{name}=={version}"]
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-            archives = sorted(dl.glob("*")) if dl.is_dir() else []
-            if p.returncode != 0 and not archives:
-                tail = "\n".join((p.stderr or p.stdout).strip().splitlines()[-4:])
-                raise SourceError(
-                    f"source pypi:{name}=={version}: pip found no source distribution:\n{tail}"
-                )
-            if len(archives) != 1:
-                raise SourceError(
-                    f"source pypi:{name}=={version}: expected one archive, got {archives}"
-                )
-            unpacked = Path(tmp) / "unpacked"
-            _unpack(archives[0], unpacked)
-            (unpacked / ".c2-complete").write_text(archives[0].name + "\n")
-            shutil.rmtree(dest, ignore_errors=True)
-            os.rename(unpacked, dest)
-    return _single_root(dest)
-
-
-def _unpack(archive: Path, dest: Path) -> None:
-    dest.mkdir(parents=True)
-    try:
-        if archive.name.endswith(".zip"):
-            with zipfile.ZipFile(archive) as z:
-                for info in z.infolist():
-                    if info.filename.startswith("/") or ".." in Path(info.filename).parts:
-                        raise SourceError(f"{archive.name}: unsafe path {info.filename!r}")
-                z.extractall(dest)
-        else:
-            with tarfile.open(archive) as t:
-                t.extractall(dest, filter="data")
-    except (tarfile.TarError, zipfile.BadZipFile, OSError) as e:
-        raise SourceError(f"{archive.name}: not a readable source archive ({e})") from e
-
-
-def _single_root(dest: Path) -> Path:
-    dirs = [d for d in dest.iterdir() if d.is_dir()]
-    return dirs[0] if len(dirs) == 1 else dest
 
 
 # ---------------------------------------------------------------------- the source's layout

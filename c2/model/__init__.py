@@ -4,6 +4,7 @@ from c2.model import presets
 from c2.model.config import ModelConfig, YarnConfig
 from c2.model.params import (
     abstract_params,
+    check_mesh,
     count_params,
     flops_per_token,
     init_params,
@@ -35,6 +36,7 @@ __all__ = [
     "YarnConfig",
     "presets",
     "abstract_params",
+    "check_mesh",
     "count_params",
     "flops_per_token",
     "init_params",

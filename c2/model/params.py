@@ -14,13 +14,28 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 
 from c2 import sharding
 from c2.model.config import ModelConfig
 
 Init = Callable[[jax.Array, tuple[int, ...], jnp.dtype], jax.Array]
 INIT_STD = 0.02  # transformers' initializer_range for both families
+
+# The ModelConfig field that sets a logical axis' size, for errors that name it; a spec whose
+# dimension comes from another expression says so in `ParamSpec.fields`.
+AXIS_FIELDS = {
+    "vocab": "vocab_size",
+    "embed": "d_model",
+    "expert_embed": "d_model",
+    "heads": "n_heads",
+    "kv_heads": "n_kv_heads",
+    "mlp": "d_ff",
+    "experts": "n_experts",
+    "expert_mlp": "d_ff_expert",
+    "q_lora": "q_lora_rank",
+    "kv_lora": "kv_lora_rank",
+}
 
 
 def normal(std: float = INIT_STD) -> Init:
@@ -39,15 +54,26 @@ class ParamSpec:
     axes: tuple[str | None, ...]
     init: Init = dataclasses.field(default=normal(), compare=False)
     dtype: str | None = None  # None: the config's param_dtype
+    # The config field behind each dimension (None: AXIS_FIELDS of its logical axis).
+    fields: tuple[str | None, ...] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         assert len(self.shape) == len(self.axes), (self.shape, self.axes)
+        assert self.fields is None or len(self.fields) == len(self.shape), (self.shape, self.fields)
+
+    def field(self, dim: int) -> str | None:
+        return AXIS_FIELDS.get(self.axes[dim]) if self.fields is None else self.fields[dim]
 
 
-def _stack(tree: dict, n: int) -> dict:
-    """Prefix every spec with a `layers` axis of size n."""
+def _stack(tree: dict, n: int, field: str) -> dict:
+    """Prefix every spec with a `layers` axis of size n (the config's `field`)."""
     return jax.tree.map(
-        lambda s: dataclasses.replace(s, shape=(n, *s.shape), axes=("layers", *s.axes)),
+        lambda s: dataclasses.replace(
+            s,
+            shape=(n, *s.shape),
+            axes=("layers", *s.axes),
+            fields=(field, *(s.field(i) for i in range(len(s.shape)))),
+        ),
         tree,
         is_leaf=lambda x: isinstance(x, ParamSpec),
     )
@@ -86,11 +112,12 @@ def attention_specs(c: ModelConfig) -> dict:
     }
 
 
-def mlp_specs(d_model: int, d_ff: int) -> dict:
+def mlp_specs(d_model: int, d_ff: int, d_ff_field: str = "d_ff") -> dict:
+    f = ("d_model", d_ff_field)
     return {
-        "w_gate": ParamSpec((d_model, d_ff), ("embed", "mlp")),
-        "w_up": ParamSpec((d_model, d_ff), ("embed", "mlp")),
-        "w_down": ParamSpec((d_ff, d_model), ("mlp", "embed")),
+        "w_gate": ParamSpec((d_model, d_ff), ("embed", "mlp"), fields=f),
+        "w_up": ParamSpec((d_model, d_ff), ("embed", "mlp"), fields=f),
+        "w_down": ParamSpec((d_ff, d_model), ("mlp", "embed"), fields=f[::-1]),
     }
 
 
@@ -107,7 +134,7 @@ def moe_specs(c: ModelConfig) -> dict:
         # Aux-loss-free balancing bias: used for selection only, updated outside the optimiser.
         p["router_bias"] = ParamSpec((E,), (None,), constant(0.0), dtype="float32")
     if c.n_shared_experts:
-        p["shared"] = mlp_specs(H, I * c.n_shared_experts)
+        p["shared"] = mlp_specs(H, I * c.n_shared_experts, "d_ff_expert * n_shared_experts")
     return p
 
 
@@ -127,9 +154,11 @@ def param_specs(c: ModelConfig) -> dict:
     if not c.tie_word_embeddings:
         p["lm_head"] = ParamSpec((H, V), ("embed", "vocab"))
     if c.first_k_dense:
-        p["dense_layers"] = _stack(layer_specs(c, moe=False), c.first_k_dense)
+        p["dense_layers"] = _stack(layer_specs(c, moe=False), c.first_k_dense, "first_k_dense")
     if c.n_moe_layers:
-        p["moe_layers"] = _stack(layer_specs(c, moe=True), c.n_moe_layers)
+        p["moe_layers"] = _stack(
+            layer_specs(c, moe=True), c.n_moe_layers, "n_layers - first_k_dense"
+        )
     if c.mtp_depth:
         # DeepSeek-V3 MTP module: norms of hidden and next-token embedding, projection, a block,
         # and its own output norm before the shared head.
@@ -140,7 +169,7 @@ def param_specs(c: ModelConfig) -> dict:
             "block": layer_specs(c, moe=c.n_moe_layers > 0),
             "norm": _norm(H),
         }
-        p["mtp"] = _stack(mtp, c.mtp_depth)
+        p["mtp"] = _stack(mtp, c.mtp_depth, "mtp_depth")
     return p
 
 
@@ -157,7 +186,32 @@ def abstract_params(c: ModelConfig) -> dict:
     )
 
 
+def check_mesh(c: ModelConfig, mesh: Mesh | AbstractMesh, rules=sharding.RULES) -> None:
+    """Every dimension the rules shard divisible by its mesh axes, else one ValueError naming
+    each config field, its value, the mesh axes and their size (jax would name none of them)."""
+    bad = {}
+    for path, s in jax.tree_util.tree_flatten_with_path(param_specs(c), is_leaf=_is_spec)[0]:
+        for dim, (n, axes) in enumerate(zip(s.shape, sharding.logical_to_spec(s.axes, rules))):
+            size = sharding.axis_size(mesh, axes)
+            if n % size:
+                key = (s.field(dim) or f"{s.axes[dim]} dimension", n, axes, size)
+                bad.setdefault(key, (s.axes[dim], jax.tree_util.keystr(path)))
+    if bad:
+        lines = [
+            f"ModelConfig.{field}={n} is not divisible by mesh axes {_axes(axes)} of size {size} "
+            f"(logical axis {logical!r}, e.g. parameter {where})"
+            for (field, n, axes, size), (logical, where) in bad.items()
+        ]
+        raise ValueError(f"the mesh {dict(mesh.shape)} cannot shard the model: " + "; ".join(lines))
+
+
+def _axes(axes: str | tuple[str, ...]) -> str:
+    return axes if isinstance(axes, str) else " x ".join(axes)
+
+
 def param_shardings(c: ModelConfig, mesh: Mesh, rules=sharding.RULES) -> dict:
+    """NamedShardings of every parameter (`check_mesh` first: an indivisible layout fails here)."""
+    check_mesh(c, mesh, rules)
     return jax.tree.map(
         lambda s: sharding.named_sharding(mesh, s.axes, rules), param_specs(c), is_leaf=_is_spec
     )

@@ -174,6 +174,7 @@ def forward(
             seq=T if cache is None else None,
             n_experts=c.n_experts,
             n_heads=c.n_heads,
+            n_kv_heads=None if c.is_mla else c.n_kv_heads,
         )
     x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
     new_cache = None if cache is None else {"pos": cache["pos"]}
