@@ -8,13 +8,12 @@ self-distillation loss as cpt_tiny; the model is tiny_kimi_k2 with 16 layers and
 Command:
     python -m c2.main --config=experiments/cpt_deep_tiny.py --workdir=runs/cpt_deep_tiny
     python -m c2.bench.generate_throughput --workdir=runs --stage=cpt_deep_tiny
-Runtime: about 6 minutes on the 2-core reference machine with nothing else running (450 steps of
-16 x 128 bytes, ~0.65 s each; 2026-12-02, after the training programs dropped XLA's YNNPACK
-fusions; ~12 minutes while other jobs shared the cores), compilation ~20 s.
+Runtime: about 6 minutes on the 2-core machine with nothing else running (450 steps of
+16 x 128 bytes, ~0.65 s each), compilation ~20 s.
 Expected: held-out bits per byte on the standard library falls from 8.4 (untrained) to about 2.8
 (3.56 at step 150, 3.03 at 300, 2.81 at 450); held-out MTP depth-1 acceptance (argmax agreement
 with the main head) about 0.7 (0.65, 0.69, 0.70). Speculative decoding results: BENCHMARKS.md,
-"Speculative decoding at a realistic depth ratio".
+"Speculative decoding at a realistic depth".
 """
 
 from c2.train.config import stage_defaults

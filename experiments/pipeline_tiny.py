@@ -1,36 +1,27 @@
 """THE MAIN JOB (the README's `make run`): the whole recipe, tiny, on CPU: continued pretraining,
 long-context extension, SFT, agent SFT, then RL on agent episodes in the sandbox.
 
-Stage 1 continued pretraining on the Python standard library (experiments/cpt_tiny.py), then the
-YaRN long-context extension to 8x the length (long_context_tiny.py), then targeted SFT
-(sft_tiny.py), then agent SFT on oracle tool-calling episodes (sft_agent_tiny.py), then the RL
-stage (rl_tiny.py: episodes on the engine, graded by hidden tests, the recipe's objective), each
-starting from the previous stage's checkpoint; then the evaluation (held-out bits per byte at 128
-and 1024 tokens before and after the extension, SFT response bits per byte, MTP acceptance) and a
-report: DIR/report.md with PNG plots (the RL stage's reward terms, KL, mismatch quantiles,
-throughput, held-out pass@1 and best-of-K), DIR/eval.json, DIR/metrics.jsonl (every stage's
-steps, counted across stages). Rerunning on the same DIR resumes where it stopped.
+Stage 1 on the Python standard library (cpt_tiny.py), the YaRN extension to 8x the length
+(long_context_tiny.py), targeted SFT (sft_tiny.py), agent SFT on oracle tool-calling episodes
+(sft_agent_tiny.py), the RL stage (rl_tiny.py, 36 steps here), each from the previous stage's
+checkpoint; then the evaluation (held-out bits per byte at 128 and 1024 tokens, SFT response
+bits per byte, MTP acceptance) and DIR/report.md with PNG plots, DIR/eval.json and
+DIR/metrics.jsonl. Rerunning on the same DIR resumes where it stopped.
 
 Command:
     python -m c2.main --config=experiments/pipeline_tiny.py --workdir=runs/main
-Runtime: the first three stages took 13 minutes measured on the 2-core reference machine while
-five other jobs shared its cores (stage 1 7.4, extension 2.3, SFT 2.6, evaluation 0.8); agent
-SFT adds about 6 and RL about 14 (36 steps of 64 episodes at ~17 s, two held-out evaluations of
-400 episodes at ~2 minutes), measured stage by stage, not yet as one job: about 35 minutes.
-Expected: (measured) held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens
-4.2 before the extension -> 3.2 after it (3.7 with YaRN but no extension training); SFT response
-bits per byte 2.9 -> 2.8; MTP acceptance ~0.7. Agent SFT (the wide level of the function tasks)
-learns the tool-call format, but from this stage-1 model not to read the instruction (held-out
-operation and constant at chance), so the RL stage has nothing to reinforce here; from a policy
-that reads, the same RL stage gained 4-22 points of held-out pass@1 in 10-15 minutes
-(experiments/rl_tiny.py starts from one, experiments/policies/reader_tiny; BENCHMARKS.md, "RL
-stage").
+Runtime: about 35 minutes on the 2-core machine (stage 1 ~7, extension ~2.5, SFT ~2.5,
+evaluation ~1, agent SFT ~6, RL ~14), estimated from the stages' times, not timed as one job.
+Expected: held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens 4.2 before
+the extension -> 3.2 after it; SFT response bits per byte 2.9 -> 2.8; MTP acceptance ~0.7. Agent
+SFT learns the tool-call format but, from this stage-1 model, not to read the instruction, so RL
+here shows the stage's curves, not a gain (experiments/rl_tiny.py starts from a policy that reads).
 
-`config.train.steps` sets stage 1's steps; the extension gets 1/12 and SFT 1/5 of them;
-`config.train.checkpoint_every` applies to every stage but RL (which checkpoints every 6 steps);
+`config.train.steps` sets stage 1's steps (the extension gets 1/12, SFT 1/5);
+`config.train.checkpoint_every` applies to every stage but RL (every 6 steps);
 `config.init_from` is stage 1's start ("" fresh, a workdir, or "hf:DIR"). The arg `quick`
-(`--config=experiments/pipeline_tiny.py:quick`) is a smoke run of the same job with a smaller
-model and a few steps per stage, RL included.
+(`--config=experiments/pipeline_tiny.py:quick`) is a smoke run: a smaller model, a few steps a
+stage, RL included.
 """
 
 from pathlib import Path
@@ -63,8 +54,7 @@ def get_config(arg=None):
     for key, value in c.stages.sft_agent.model.yarn.items():
         c.stages.rl.model.yarn[key] = value
     # The job's own agent-SFT model does not read its task (see Expected above): 36 RL steps, no
-    # warmup, show the stage's curves without the 80 that experiments/rl_tiny.py takes for its
-    # measured gain.
+    # warmup, show the stage's curves without the 120 that experiments/rl_tiny.py takes.
     c.stages.rl.train.steps = 36
     c.stages.rl.optimizer.warmup_steps = 0
     c.eval = eval_defaults()

@@ -3,7 +3,7 @@
 Stage 5 of the reading chain (experiments/reader_chain_tiny.sh) on the six train templates'
 sentence frames alone gave a policy that plays two of the three held-out frames and garbles the
 third: "Put f(n) into f.py; it gives back n * 94." (27% of the RL stage's held-out samples) made
-its tool call malformed (BENCHMARKS.md, "RL stage", 2026-12-05), and RL on the train templates
+its tool call malformed (BENCHMARKS.md, "RL stage"), and RL on the train templates
 cannot lift that. Here the train split's wide tasks are told in frames drawn from a small
 grammar (an opening, a way to say what the function gives, a prefix and an ending, in any
 combination), built from words none of the held-out frames uses: the held-out templates stay

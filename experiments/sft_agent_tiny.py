@@ -1,26 +1,21 @@
 """Agent SFT (docs/recipe.md §1.3 and §3), tiny: oracle episodes of generated function tasks.
 
-Data: `data.corpus = "functions:wide"`: 8,000 oracle conversations of the wide level of
+Data: `data.corpus = "functions:wide"`: oracle conversations of the wide level of
 c2/envs/functions.py ("[db] Write f(n) in f.py: return n * 47.": compact system prompt, the
 write_file call, its tool response, the submit call; constants 1-99), rendered by
-c2.data.chat.AgentChat exactly as RL episodes are (experiments/rl_tiny.py plays the same level),
-the loss on the two replies only. `"functions:basic"` is the basic level (720 conversations,
-constants 2 and 3), `"functions"` the full level (18 operations, varied names and files).
-Held-out batches come from the eval templates (sentence frames never trained on). The model
-keeps the stage-2 YaRN setting (it follows sft_tiny in experiments/pipeline_tiny.py).
+c2.data.chat.AgentChat exactly as RL episodes are, the loss on the replies only.
+`"functions:basic"` is the basic level (720 conversations, constants 2 and 3), `"functions"` the
+full level (18 operations, varied names and files). Held-out batches come from the eval
+templates (sentence frames never trained on). The model keeps the stage-2 YaRN setting (it
+follows sft_tiny in experiments/pipeline_tiny.py).
 
 Command (after experiments/sft_tiny.py has run into runs/sft_tiny):
     python -m c2.main --config=experiments/sft_agent_tiny.py --workdir=runs/sft_agent_tiny
-Runtime: about 6 minutes on the 2-core reference machine (300 steps of 4 x 512 tokens).
-Expected (measured 2026-12-01 to 12-03): the format is learned within a few hundred steps, but
-reading the instruction depends on the start and the data. On the basic level the tiny model
-never learns to read (teacher-forced, its operation does not change when the instruction's
-does; it fits the 720 conversations by tag and frame): held-out pass@1 0.19, chance. On the
-wide level, from a model that already copies from its context in the agent format (the chain
-in experiments/rl_tiny.py), it reads within a few hundred steps: held-out operation and digits
-right 78% / 99% teacher-forced after 300 steps (8 x 512), 95% / 98% after 400. From the
-stage-1 model alone (runs/cpt_tiny) 400 steps of the same leave both at chance: copying has to
-be taught first (experiments/sft_copy_tiny.py). BENCHMARKS.md ("RL stage") has the numbers.
+Runtime: about 6 minutes on the 2-core machine (300 steps of 4 x 512 tokens).
+Expected: the tool-call format within a few hundred steps, but from the stage-1 model not
+reading: teacher-forced, the operation and constant it writes stay at chance (`python -m
+c2.eval.copying --policy DIR --task wide`). A model that already copies in the agent format reads
+within a few hundred steps of this data: experiments/reader_chain_tiny.sh.
 """
 
 from c2.train.config import stage_defaults

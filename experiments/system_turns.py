@@ -2,7 +2,7 @@
 
 The copy the tiny model learns after a bare user turn (stages 1-3 of
 experiments/reader_chain_tiny.sh) is switched off by any system turn at all: one character of one
-drops recall by key from 0.60 to 0.00 (BENCHMARKS.md, issue 16, fifth session), so agent SFT,
+drops recall by key from 0.60 to 0.00 (BENCHMARKS.md, "RL stage", the start policy), so agent SFT,
 whose every example begins with the agent's system prompt, cannot use it. Here the same recall
 and copy examples as stage 3 (`recall:15000` and `copy:5000`) each get no system turn (1/4), a
 prefix of the agent system prompt of random length (3/8), or random printable text of random
