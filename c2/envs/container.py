@@ -11,29 +11,34 @@ Dockerfile and build context (task/environment/) and names its image in metadata
 c2/rl/episodes.py through the same call) and grading use in place of the bubblewrap Sandbox;
 every other task gets `default` back unchanged.
 
-One container per episode. The first non-read-only `run` over a workspace starts a container of
-the image (`sleep infinity` under --init) with that workspace bind-mounted at `mount_at` and the
-task's memory, cpus and process limits; every later command over the same workspace is a
-`podman exec` in it. So the agent's tool calls, the oracle's solve.sh and the tests share one
-filesystem, inside and outside the workspace (packages the solution installs, files it writes
-to /usr/local or /tmp, services it leaves running), as they do in Harbor. The workspace is the
-image's working directory, copied out at import (task/workspace/), so the file tools read and
-edit it on the host. One difference from Harbor follows: the workspace is a mount of its own,
-so `rename` between it and the rest of the container's filesystem fails with EXDEV (in Harbor
-both are the image's filesystem; Terminal-Bench 2's path-tracing-reverse tests do this).
-`binds` (grading's /tests and /logs) are copied into the running container before the command
-and writable ones copied back after it. Each command runs under coreutils
-`timeout` (its whole process group is stopped at the wall-time limit; the host also gives up a
-few seconds later), output is capped at max_output_bytes, a SIGKILL nobody sent is the memory
-limit, and the workspace is measured against max_workspace_mb: the same SandboxResult fields
-as the bubblewrap backend (cpu_s and memory_peak_mb are not measured: None). A `readonly` run
-gets a fresh container of the image with the workspace mounted read-only (the pytest graders).
-A session's container is removed by `close(workdir)`, by `close()` (all; also at exit), or when
-the next session starts after its workspace was deleted.
+One container per episode (container_run.py: how each is locked down, run and measured). The
+first non-read-only `run` over a workspace starts a container of the image (`sleep infinity`
+under --init) with that workspace bind-mounted at `mount_at` and the task's memory, cpus and
+process limits; every later command over the same workspace is a `podman exec` in it. So the
+agent's tool calls and the oracle's solve.sh share one filesystem, inside and outside the
+workspace (packages the solution installs, files it writes to /usr/local or /tmp), as they do
+in Harbor. Harbor's tests (`run_verifier`) run in that container restarted: they see the same
+filesystem, but no process the agent left (a server it started included: in Harbor it would
+still run) survives into grading, and the reward is read only once every process is dead. The
+workspace is the image's working directory, copied out at import (task/workspace/), so the
+file tools read and edit it on the host (owned by container root's host uid: give_workspace).
+One difference from Harbor follows: the workspace is a mount of its own, so `rename` between
+it and the rest of the container's filesystem fails with EXDEV (in Harbor both are the image's
+filesystem; Terminal-Bench 2's path-tracing-reverse tests do this). `binds` (grading's /tests
+and /logs) are copied into the container before the command and writable ones copied back
+after it. Each command runs under coreutils `timeout` (its whole process group is stopped at
+the wall-time limit; the host also gives up a few seconds later), output is capped at
+max_output_bytes, a memory kill is the kernel's count for the container's cgroup, and the
+workspace and the container's own writes are each measured against max_workspace_mb: the same
+SandboxResult fields as the bubblewrap backend (cpu_s and memory_peak_mb are not measured:
+None). A `readonly` run gets a fresh container of the image with the workspace mounted
+read-only (the pytest graders), removed before its results are read. A session's container is
+removed by `close(workdir)`, by `close()` (all; also at exit), or when the next session starts
+after its workspace was deleted.
 
-Network: a task's "network" (Harbor tasks: true, as Harbor runs them; their test setup installs
-curl, uv and pytest at test time) gives the container the engine's default network; otherwise
---network none.
+Network: a task's "network" gives the container the engine's default network; otherwise
+--network none. Harbor tasks take it from task.toml's `[environment] allow_internet` (true
+when absent, as Harbor runs them; their test setup installs curl, uv and pytest at test time).
 
 Images: `ensure_image` builds a task's Dockerfile once, tagged by a content hash of the build
 context, the Dockerfile and the base images' ids. Where no registry is reachable the FROM lines
@@ -51,7 +56,8 @@ An image a build copies tools from is made locally too (`tool_image`): `COPY
 wheel (the same static binaries as the release image).
 On this kind of machine podman needs the runc runtime (crun refuses hybrid cgroups) and rlimits
 no higher than the caller's own. Background processes a command leaves (without a timeout)
-keep running in the episode's container, as in Harbor; the bubblewrap backend ends them.
+keep running in the episode's container until grading, as in Harbor; the bubblewrap backend
+ends them after each command.
 
     python -m c2.envs.container base [TAG ...]                  # all of BASES by default
     python -m c2.envs.container build --context DIR [--tag TAG] # DIR/Dockerfile
@@ -69,8 +75,6 @@ import hashlib
 import json
 import os
 import re
-import resource
-import shlex
 import shutil
 import subprocess
 import sys
@@ -82,12 +86,24 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from c2.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, _tree_bytes
-
-LABEL = "c2.session"
-# Every container's environment besides its image's: the package tools' network timeouts raised
-# (uv's 30 s default fails wheels of a few MB through this machine's proxy under load).
-SESSION_ENV = {"UV_HTTP_TIMEOUT": "300", "PIP_DEFAULT_TIMEOUT": "180"}
+from c2.envs.container_run import (  # noqa: F401 - public names of c2.envs.container
+    CAPABILITIES,
+    LABEL,
+    SESSION_ENV,
+    USERNS_BASE,
+    USERNS_SIZE,
+    ContainerSandbox,
+    _conmon_cwd,
+    _ulimits,
+    collect_leftovers,
+    engine_available,
+    engine_command,
+    image_exists,
+    image_id,
+    image_workdir,
+    security_args,
+)
+from c2.envs.sandbox import SandboxError, SandboxLimits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,320 +202,6 @@ _UV_ENV = (  # the uv installer's ~/.local/bin/env
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class _Isolation:
-    backend: str
-    host_uid: int = dataclasses.field(default_factory=os.geteuid)
-
-    def describe(self) -> str:
-        return f"{self.backend} containers"
-
-
-def _conmon_cwd() -> str:
-    """Where podman's conmon runs: it writes a file named `oom` into its working directory when
-    a container process is OOM-killed, which must not land in the caller's (a checkout)."""
-    path = Path(tempfile.gettempdir()) / "c2-conmon"
-    path.mkdir(exist_ok=True)
-    return str(path)
-
-
-def engine_command(engine: str = "podman") -> list[str]:
-    if engine not in ("podman", "docker"):
-        raise SandboxError(f"engine={engine!r}: expected 'podman' or 'docker'")
-    exe = shutil.which(engine)
-    if exe is None:
-        raise SandboxError(f"{engine} is not installed (Debian: apt-get install podman runc)")
-    cmd = [exe]
-    if engine == "podman" and shutil.which("runc"):
-        cmd += ["--runtime", shutil.which("runc")]
-    return cmd
-
-
-def engine_available(engine: str = "podman") -> str | None:
-    """None when `engine` can run containers here, else why not (for skips and errors)."""
-    try:
-        cmd = engine_command(engine)
-    except SandboxError as e:
-        return str(e)
-    r = subprocess.run([*cmd, "info"], capture_output=True, text=True, timeout=120)
-    return None if r.returncode == 0 else f"`{engine} info` failed: {r.stderr.strip()[-300:]}"
-
-
-def image_exists(tag: str, engine: str = "podman") -> bool:
-    cmd = engine_command(engine)
-    if engine == "podman":
-        return subprocess.run([*cmd, "image", "exists", tag], capture_output=True).returncode == 0
-    return subprocess.run([*cmd, "image", "inspect", tag], capture_output=True).returncode == 0
-
-
-def image_id(tag: str, engine: str = "podman") -> str | None:
-    """The id of local image `tag`; None when the engine has no such image or is not installed
-    (it then has no images at all)."""
-    if engine in ("podman", "docker") and shutil.which(engine) is None:
-        return None
-    r = subprocess.run(
-        [*engine_command(engine), "image", "inspect", "-f", "{{.Id}}", tag],
-        capture_output=True,
-        text=True,
-    )
-    return r.stdout.strip() if r.returncode == 0 else None
-
-
-def image_workdir(tag: str, engine: str = "podman") -> str:
-    r = subprocess.run(
-        [*engine_command(engine), "image", "inspect", "-f", "{{.Config.WorkingDir}}", tag],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return r.stdout.strip() or "/"
-
-
-def _ulimits(limits: SandboxLimits) -> list[str]:
-    """rlimits no higher than this process's own hard limits (raising them is refused)."""
-    out = []
-    for flag, res, want in (
-        ("nofile", resource.RLIMIT_NOFILE, limits.max_open_files),
-        ("nproc", resource.RLIMIT_NPROC, max(limits.max_processes, 1024)),
-    ):
-        hard = resource.getrlimit(res)[1]
-        v = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        out += ["--ulimit", f"{flag}={v}:{v}"]
-    return out
-
-
-def _resources(limits: SandboxLimits) -> list[str]:
-    argv = ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
-    argv += ["--cpus", str(limits.cpus), "--pids-limit", str(limits.max_processes + 8)]
-    return argv + _ulimits(limits)
-
-
-class ContainerSandbox:
-    """Sandbox.run's arguments and result, in containers of one image (module doc: one container
-    per episode, keyed by the workspace). Thread-safe; one instance serves every episode of the
-    image (`container_sandbox`)."""
-
-    isolated = True
-
-    def __init__(
-        self,
-        image: str,
-        *,
-        engine: str = "podman",
-        limits: SandboxLimits | None = None,
-        network: bool = False,
-    ):
-        self.image, self.engine, self.network = image, engine, network
-        self.cmd = engine_command(engine)
-        self.limits = limits or SandboxLimits()
-        self.isolation = _Isolation(engine)
-        self._sessions: dict[str, str] = {}  # workspace realpath -> container name
-        self._lock = threading.Lock()
-
-    def give_workspace(self, path: str | os.PathLike) -> None:
-        """Commands run as the container's root: nothing to hand over."""
-
-    # ------------------------------------------------------------------ sessions
-
-    def _net(self) -> list[str]:
-        return [] if self.network else ["--network", "none"]
-
-    def session(self, workdir: Path, mount_at: str, limits: SandboxLimits) -> str:
-        """The running container of `workdir`'s episode, started on first use."""
-        key = str(workdir)
-        with self._lock:
-            name = self._sessions.get(key)
-            if name is not None:
-                return name
-            self._collect_garbage_locked()
-            name = f"c2-{uuid.uuid4().hex[:12]}"
-            argv = [*self.cmd, "run", "-d", "--name", name, "--init", *self._net()]
-            argv += ["--label", f"{LABEL}={key}", *_resources(limits)]
-            argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
-            argv += ["-v", f"{workdir}:{mount_at}", "-w", mount_at, self.image]
-            argv += ["sleep", "infinity"]
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=_conmon_cwd())
-            if r.returncode != 0:
-                subprocess.run([*self.cmd, "rm", "-f", name], capture_output=True, timeout=120)
-                raise SandboxError(
-                    f"could not start a container of {self.image}: {r.stderr[-500:]}"
-                )
-            self._sessions[key] = name
-            return name
-
-    def collect_garbage(self) -> None:
-        """Remove the containers of episodes whose workspace was deleted."""
-        with self._lock:
-            self._collect_garbage_locked()
-
-    def _collect_garbage_locked(self) -> None:
-        for key, name in list(self._sessions.items()):
-            if not os.path.isdir(key):
-                self._remove(name)
-                del self._sessions[key]
-
-    def _remove(self, name: str) -> None:
-        subprocess.run([*self.cmd, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
-
-    def close(self, workdir: str | os.PathLike | None = None) -> None:
-        """Remove the container of `workdir`'s episode, or of every episode."""
-        with self._lock:
-            keys = list(self._sessions) if workdir is None else [str(Path(workdir).resolve())]
-            for key in keys:
-                name = self._sessions.pop(key, None)
-                if name is not None:
-                    self._remove(name)
-
-    # ------------------------------------------------------------------ running
-
-    def run(
-        self,
-        command: str | Sequence[str],
-        workdir: str | os.PathLike,
-        *,
-        limits: SandboxLimits | None = None,
-        mount_at: str = "/workspace",
-        readonly: bool = False,
-        binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
-        env: dict[str, str] | None = None,
-        python_env: str | os.PathLike | None = None,
-    ) -> SandboxResult:
-        limits = limits or self.limits
-        workdir = Path(workdir)
-        if not workdir.is_dir():
-            raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
-        workdir = workdir.resolve()
-        if python_env is not None:
-            raise SandboxError(
-                f"python_env={str(python_env)!r}: a container task has its image's environment"
-            )
-        if isinstance(command, str):
-            command = ["/bin/bash", "-c", command]
-        # coreutils timeout: TERM to the command's whole process group at the limit, KILL 2 s on.
-        inner = ["timeout", "-k", "2", f"{limits.timeout_s:g}", *command]
-        if readonly:
-            return self._run_fresh(inner, workdir, limits, mount_at, binds, env)
-        name = self.session(workdir, mount_at, limits)
-        copy_back = []
-        for src, dst, writable in binds:
-            self._copy_in(name, Path(src), dst)
-            if writable:
-                copy_back.append((Path(src), dst))
-        argv = [*self.cmd, "exec", "-w", mount_at]
-        for k, v in (env or {}).items():
-            argv += ["-e", f"{k}={v}"]
-        result = self._execute([*argv, name, *inner], limits, workdir, check_disk=True)
-        for src, dst in copy_back:
-            self._copy_out(name, dst, src)
-        return result
-
-    def _run_fresh(self, inner, workdir, limits, mount_at, binds, env) -> SandboxResult:
-        name = f"c2-{uuid.uuid4().hex[:12]}"
-        argv = [*self.cmd, "run", "--rm", "--name", name, "--init", *self._net()]
-        argv += [*_resources(limits), "-v", f"{workdir}:{mount_at}:ro", "-w", mount_at]
-        argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
-        for src, dst, writable in binds:
-            argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
-        for k, v in (env or {}).items():
-            argv += ["-e", f"{k}={v}"]
-        try:
-            return self._execute([*argv, self.image, *inner], limits, workdir, check_disk=False)
-        finally:
-            self._remove(name)
-
-    def _copy_in(self, name: str, src: Path, dst: str) -> None:
-        parent = os.path.dirname(dst.rstrip("/")) or "/"
-        prep = f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(parent)}"
-        self._check([*self.cmd, "exec", name, "sh", "-c", prep])
-        self._check([*self.cmd, "cp", str(src.resolve()), f"{name}:{dst}"])
-
-    def _copy_out(self, name: str, dst: str, to: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="c2-cp-") as tmp:
-            got = Path(tmp) / "d"  # `cp DIR NEW` copies DIR's contents into NEW
-            r = subprocess.run(
-                [*self.cmd, "cp", f"{name}:{dst.rstrip('/')}", str(got)],
-                capture_output=True,
-                timeout=300,
-            )
-            if r.returncode == 0 and got.is_dir():
-                shutil.copytree(got, to, symlinks=True, dirs_exist_ok=True)
-
-    def _check(self, argv: list[str]) -> None:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise SandboxError(f"{shlex.join(argv[-3:])}: {r.stderr.strip()[-300:]}")
-
-    def _execute(self, argv, limits: SandboxLimits, workdir: Path, check_disk: bool):
-        cap = limits.max_output_bytes
-        t0 = time.monotonic()
-        deadline = t0 + limits.timeout_s + 10  # the host's backstop behind `timeout` inside
-        timed_out = overflow = False
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=_conmon_cwd()
-            )
-            while proc.poll() is None:
-                time.sleep(0.05)
-                if os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > cap:
-                    overflow = True
-                elif time.monotonic() < deadline:
-                    continue
-                else:
-                    timed_out = True
-                proc.kill()
-                break
-            code = proc.wait()
-            wall = time.monotonic() - t0
-            stdout, so_cut = _read(out, cap)
-            stderr, se_cut = _read(err, max(0, cap - len(stdout.encode())))
-        if overflow or timed_out:
-            self._stop_stragglers(argv)
-        # `timeout` exits 124 when the limit stopped the command (137 after its KILL).
-        if code in (124, 137) and wall >= limits.timeout_s * 0.98:
-            timed_out = True
-        hit = []
-        if timed_out:
-            hit.append("wall_time")
-        if so_cut or se_cut or overflow:
-            hit.append("output")
-        # A SIGKILL nobody sent (no timeout) is the kernel's OOM killer in the container's cgroup.
-        if code == 137 and not timed_out and not overflow:
-            hit.append("memory")
-        if check_disk and _tree_bytes(workdir) > limits.max_workspace_mb << 20:
-            hit.append("disk")
-        return SandboxResult(
-            exit_code=None if timed_out else code,
-            timed_out=timed_out,
-            stdout=stdout,
-            stderr=stderr,
-            limit=hit[0] if hit else None,
-            limits_hit=hit,
-            stdout_truncated=so_cut or overflow,
-            stderr_truncated=se_cut or overflow,
-            wall_s=wall,
-            first_output_s=None,
-            cpu_s=None,
-            memory_peak_mb=None,
-            isolation=self.isolation.describe(),
-        )
-
-    def _stop_stragglers(self, argv) -> None:
-        """After the host gave up on a command (the backstop deadline, or too much output):
-        killing the exec client does not reach inside, so the episode's container is restarted
-        (every process in it ends; its filesystem stays)."""
-        if "exec" not in argv:
-            return  # a fresh container: removed by the caller
-        name = next((n for n in self._sessions.values() if n in argv), None)
-        if name is not None:
-            subprocess.run([*self.cmd, "restart", "-t", "0", name], capture_output=True)
-
-
-def _read(f, cap: int) -> tuple[str, bool]:
-    f.seek(0)
-    data = f.read(cap + 1)
-    return data[:cap].decode(errors="replace"), len(data) > cap
-
-
 _SANDBOXES: dict[tuple, ContainerSandbox] = {}
 _SANDBOXES_LOCK = threading.Lock()
 
@@ -541,26 +243,6 @@ def close_all() -> None:
     for sb in list(_SANDBOXES.values()):
         with contextlib.suppress(Exception):
             sb.close()
-
-
-def collect_leftovers(engine: str = "podman") -> int:
-    """Remove episode containers (label c2.session) whose workspace no longer exists: what a
-    killed run left behind. Returns how many were removed."""
-    cmd = engine_command(engine)
-    fmt = '{{.Names}} {{index .Labels "' + LABEL + '"}}'
-    r = subprocess.run(
-        [*cmd, "ps", "-a", "--filter", f"label={LABEL}", "--format", fmt],
-        capture_output=True,
-        text=True,
-    )
-    gone = []
-    for line in r.stdout.splitlines():
-        name, _, ws = line.partition(" ")
-        if name and not os.path.isdir(ws):
-            gone.append(name)
-    if gone:
-        subprocess.run([*cmd, "rm", "-f", "-t", "0", *gone], capture_output=True)
-    return len(gone)
 
 
 # ---------------------------------------------------------------------- task images
@@ -923,10 +605,6 @@ def build_base_image(tag: str, *, engine: str = "podman", log=print) -> None:
             subprocess.run([*cmd, "rmi", parent], capture_output=True)
 
 
-def missing_bases(engine: str = "podman") -> list[str]:
-    return [t for t in BASES if not image_exists(t, engine)]
-
-
 # ---------------------------------------------------------------------- CLI
 
 
@@ -979,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             lim = SandboxLimits(timeout_s=args.timeout, memory_mb=args.memory_mb)
             sb = ContainerSandbox(args.image, engine=args.engine, limits=lim, network=args.network)
+            sb.give_workspace(args.workdir)
             try:
                 print(sb.run(args.command, args.workdir, mount_at=args.mount_at).to_json())
             finally:

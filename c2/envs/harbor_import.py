@@ -506,6 +506,17 @@ def task_limits(config: dict) -> dict:
     }
 
 
+def allow_internet(config: dict) -> bool:
+    """Whether the task's containers get a network: task.toml's `[environment]
+    allow_internet`, true when absent (Harbor's default)."""
+    value = config.get("environment", {}).get("allow_internet", True)
+    if not isinstance(value, bool):
+        raise UnsupportedTask(
+            "unreadable", f"task.toml [environment] allow_internet={value!r}: expected true/false"
+        )
+    return value
+
+
 # ---------------------------------------------------------------------- one task
 
 
@@ -719,7 +730,8 @@ def import_container(
     build context are kept (task/environment/), the image is built here once (tagged by a
     content hash of the context; FROM lines mapped onto local bases), the image's working
     directory is copied out as the workspace, and tests/ and solution/ are kept as they are:
-    test.sh runs in the episode's container as Harbor runs it. The build may take
+    test.sh runs in the episode's container as Harbor runs it, with a network only where
+    task.toml allows it (`allow_internet`, true when absent). The build may take
     `build_timeout_scale` times task.toml's build_timeout_sec (this machine is slower than
     Harbor's), or `build_timeout_s` when given."""
     from c2.envs.container import (
@@ -749,12 +761,14 @@ def import_container(
     repo = "localhost/c2-task/" + re.sub(r"[^a-z0-9_.-]+", "-", task_id.lower())
     # The tag follows the context, the FROM mapping and the base images: any change, a new image.
     want = f"{repo}:{context_hash(env_dir, engine=engine)}"
+    network = allow_internet(config)
     record = final / IMPORT_RECORD
     if record.is_file():
         try:
             if json.loads(record.read_text()).get("fingerprint") == fingerprint:
                 task = load_task(final)
-                if task.container["image"] == want and image_exists(want, engine):
+                same = task.container["image"] == want and task.container["network"] is network
+                if same and image_exists(want, engine):
                     return task
         except (ValueError, OSError):
             pass
@@ -795,7 +809,7 @@ def import_container(
                 "image": tag,
                 "context": "environment",
                 "dockerfile": "Dockerfile",
-                "network": True,
+                "network": network,
                 "from": from_images(docker_text),
             },
             **task_limits(config),

@@ -3,20 +3,27 @@ built, then oracle / noop / wrong-solution episodes graded end to end in contain
 sandbox contract (timeout, memory, output, network) of ContainerSandbox.
 
 The engine tests need podman (with runc) and the local base image BASE (`python -m
-c2.envs.container base localhost/c2-base:bookworm`); they are skipped, saying which is missing,
-where either is.
+c2.envs.container base localhost/c2-base:bookworm`); where either is missing they are skipped,
+saying which, and under CI=true they fail, saying which (CI installs both: .ci/run).
 """
 
 import dataclasses
+import http.server
 import json
+import os
+import socket
 import subprocess
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from c2.envs.agents import noop_policy, oracle_policy
 from c2.envs.container import (
     BASE_IMAGES,
+    CAPABILITIES,
+    USERNS_BASE,
     UV_VERSION,
     ContainerSandbox,
     build_image,
@@ -29,6 +36,7 @@ from c2.envs.container import (
     transient_network_error,
 )
 from c2.envs.evaluate import evaluate
+from c2.envs.grading import _harbor_reward, _run_harbor
 from c2.envs.harbor_bench import with_backend
 from c2.envs.harbor_import import import_harbor_tasks
 from c2.envs.sandbox import Sandbox, SandboxLimits
@@ -145,7 +153,19 @@ def _base() -> tuple[str | None, str | None]:
 
 
 BASE, WHY = _base()
-needs_engine = pytest.mark.skipif(WHY is not None, reason=f"container backend: {WHY}")
+
+
+@pytest.fixture
+def engine():
+    """Skip without podman or a base image; fail instead under CI=true."""
+    if WHY is None:
+        return
+    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+        pytest.fail(f"CI={os.environ['CI']} expects the container backend: {WHY}", pytrace=False)
+    pytest.skip(f"container backend: {WHY}")
+
+
+needs_engine = pytest.mark.usefixtures("engine")
 
 
 @pytest.fixture
@@ -286,6 +306,7 @@ def test_container_sandbox_limits_and_result_fields(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
     sb = ContainerSandbox(BASE, limits=SandboxLimits(timeout_s=60, memory_mb=256))
+    sb.give_workspace(ws)
     try:
         r = sb.run("echo hi > f.txt; echo out; echo err >&2; exit 3", ws, mount_at="/app")
         assert (r.exit_code, r.stdout, r.stderr, r.limit) == (3, "out\n", "err\n", None)
@@ -309,6 +330,12 @@ def test_container_sandbox_limits_and_result_fields(tmp_path):
         hog = "head -c 600M /dev/zero | tail > /dev/null"
         r = sb.run(hog, ws, mount_at="/app")
         assert r.exit_code != 0 and r.limit == "memory", r
+        # ... read from the kernel: a command's own SIGKILL (exit 137 too) is no memory limit.
+        r = sb.run("kill -9 $$", ws, mount_at="/app")
+        assert (r.exit_code, r.limit, r.limits_hit) == (137, None, []), r
+        assert sb.run(hog, ws, mount_at="/app", readonly=True).limit == "memory"
+        r = sb.run("kill -9 $$", ws, mount_at="/app", readonly=True)
+        assert (r.exit_code, r.limit) == (137, None), r
         # Output beyond max_output_bytes is cut and named.
         lim = SandboxLimits(timeout_s=30, max_output_bytes=1000)
         r = sb.run("head -c 5000 /dev/zero | tr '\\0' a", ws, mount_at="/app", limits=lim)
@@ -336,3 +363,189 @@ def test_bench_backend_choice_names_the_mismatch(tmp_path):
     with pytest.raises(ValueError, match="--backend podman"):
         with_backend(plain, "podman")
     assert plain.sandbox("default-sandbox") == "default-sandbox"
+
+
+# Linux capability numbers (linux/capability.h) of the names CAPABILITIES may hold.
+CAP_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "FSETID": 4, "KILL": 5, "SETGID": 6}
+CAP_BITS |= {"SETUID": 7, "SETPCAP": 8, "NET_BIND_SERVICE": 10, "SYS_CHROOT": 18}
+
+
+@pytest.fixture
+def box(tmp_path):
+    """A ContainerSandbox of BASE (no network) and a workspace handed to it."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = ContainerSandbox(BASE, limits=SandboxLimits(timeout_s=60, memory_mb=256))
+    sb.give_workspace(ws)
+    yield sb, ws
+    sb.close()
+
+
+@needs_engine
+def test_container_root_is_not_host_root(box, tmp_path):
+    """A user namespace: what container root writes is owned on the host by USERNS_BASE, and a
+    root-only host file shown to the container cannot be read; capabilities are CAPABILITIES
+    and no more, and no-new-privileges is set."""
+    sb, ws = box
+    r = sb.run("touch made; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status", ws, mount_at="/app")
+    assert r.exit_code == 0, r
+    assert (ws / "made").stat().st_uid == USERNS_BASE != 0
+    status = dict(line.split(":\t") for line in r.stdout.splitlines())
+    assert int(status["CapEff"], 16) == sum(1 << CAP_BITS[c] for c in CAPABILITIES)
+    assert status["NoNewPrivs"] == "1"
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    secret.chmod(0o600)
+    r = sb.run(
+        "cat /secret", ws, mount_at="/app", readonly=True, binds=[(secret, "/secret", False)]
+    )
+    assert r.exit_code != 0 and "Permission denied" in r.stderr and "host secret" not in r.stdout
+
+
+@needs_engine
+def test_writes_past_the_quota_stop_the_command_and_name_the_limit(box):
+    """The container's own filesystem (outside the workspace) is bounded by max_workspace_mb:
+    the command writing past it is stopped, the limit is "disk"."""
+    sb, ws = box
+    lim = SandboxLimits(timeout_s=120, memory_mb=256, max_workspace_mb=50)
+    r = sb.run("head -c 20M /dev/zero > /root/small", ws, mount_at="/app", limits=lim)
+    assert (r.exit_code, r.limit) == (0, None), r
+    r = sb.run(
+        "head -c 120M /dev/zero > /root/big; echo wrote; sleep 100", ws, mount_at="/app", limits=lim
+    )
+    # Stopped (left alone it would exit 0 after its sleep), by the quota, not the wall time.
+    assert r.limit == "disk" and not r.timed_out and r.exit_code != 0, r
+    # The layer stays over the quota until the agent removes what it wrote.
+    assert sb.run("true", ws, mount_at="/app", limits=lim).limit == "disk"
+    r = sb.run("rm /root/big", ws, mount_at="/app", limits=lim)
+    assert (r.exit_code, r.limit) == (0, None), r
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"hello from the host\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def _gateway(sb, ws) -> str:
+    """The container's default gateway (the host, on podman's bridge), from /proc/net/route."""
+    r = sb.run("cat /proc/net/route", ws, mount_at="/app")
+    for row in r.stdout.splitlines()[1:]:
+        f = row.split()
+        if f[1] == "00000000":
+            return socket.inet_ntoa(int(f[2], 16).to_bytes(4, "little"))
+    raise AssertionError(f"no default route: {r.stdout}")
+
+
+@needs_engine
+def test_network_off_reaches_nothing_and_on_reaches_a_host_server(tmp_path):
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _Hello)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    lim = SandboxLimits(timeout_s=30, memory_mb=256)
+    on, off = (ContainerSandbox(BASE, limits=lim, network=n) for n in (True, False))
+    fetch = "exec 3<>/dev/tcp/{}/{}; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"
+    try:
+        on.give_workspace(ws)
+        gateway = _gateway(on, ws)
+        r = on.run(fetch.format(gateway, port), ws, mount_at="/app")
+        assert r.exit_code == 0 and "hello from the host" in r.stdout, r
+        # Off: the same server at the same address, the host's loopback, a public address.
+        for host in (gateway, "127.0.0.1", "1.1.1.1"):
+            for readonly in (False, True):
+                r = off.run(fetch.format(host, port), ws, mount_at="/app", readonly=readonly)
+                assert r.exit_code != 0 and "hello" not in r.stdout, (host, r)
+        r = off.run("cat /proc/net/route; ls /sys/class/net", ws, mount_at="/app")
+        assert r.stdout.split() == [
+            "Iface",
+            "Destination",
+            "Gateway",
+            "Flags",
+            "RefCnt",
+            "Use",
+            "Metric",
+            "Mask",
+            "MTU",
+            "Window",
+            "IRTT",
+            "lo",
+        ], r.stdout
+    finally:
+        on.close()
+        off.close()
+        server.shutdown()
+
+
+@needs_engine
+def test_harbor_reward_cannot_be_rewritten_by_the_agents_processes(box, tmp_path):
+    """The agent leaves a process rewriting /logs/verifier/reward.txt to 1 and plants a reward
+    of its own; the tests write 0. Grading restarts the container (the writer dies, the planted
+    file goes) and reads the reward only once the container is stopped: 0, a failure."""
+    sb, ws = box
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text(
+        "ps() { for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done; }\n"
+        "ps | grep -c '[f]orge' > /logs/verifier/writers\n"
+        "ls /logs/verifier > /logs/verifier/listing\n"
+        "echo 0 > /logs/verifier/reward.txt\n"
+    )
+    v = "/logs/verifier"  # the writer turns the tests' 0 into a 1 (the old flow read 1)
+    zero = f'[ "$(cat {v}/reward.txt 2>/dev/null)" = 0 ]'
+    forge = f"while true; do {zero} && echo 1 > {v}/reward.txt; done"
+    agent = f"mkdir -p {v}; echo 1 > {v}/reward.txt; (bash -c '{forge} # forge' > /dev/null 2>&1 &)"
+    assert sb.run(agent, ws, mount_at="/app").exit_code == 0
+    assert sb.run(f"cat {v}/reward.txt", ws, mount_at="/app").stdout == "1\n"
+    task = SimpleNamespace(tests_dir=tests, mount_at="/app", fail_to_pass=["tests/test.sh"])
+    lim = SandboxLimits(timeout_s=60, memory_mb=256)
+    run = _run_harbor(task, ws, sb, lim)
+    assert run.outcomes == {"tests/test.sh": "failed"} and run.error is None, run
+    # The container is usable again afterwards, and what the agent left is gone.
+    r = sb.run("cat /logs/verifier/writers /logs/verifier/listing", ws, mount_at="/app")
+    assert r.stdout == "0\nlisting\nwriters\n", r
+
+
+def test_harbor_reward_reads_only_finite_numbers_from_regular_files(tmp_path):
+    v = tmp_path / "verifier"
+    v.mkdir()
+    assert _harbor_reward(v) is None
+    for text, want in (("1\n", 1.0), ("0.5", 0.5), ("inf", None), ("nan", None), ("x", None)):
+        (v / "reward.txt").write_text(text)
+        assert _harbor_reward(v) == want, text
+    (v / "reward.txt").unlink()
+    (tmp_path / "elsewhere").write_text("1")
+    (v / "reward.txt").symlink_to(tmp_path / "elsewhere")
+    (v / "reward.json").write_text('{"reward": 1}')
+    assert _harbor_reward(v) is None  # a link is no reward, not even with a reward.json beside
+    (v / "reward.txt").unlink()
+    assert _harbor_reward(v) == 1.0
+    for text in ('{"reward": Infinity}', '{"reward": true}', '{"reward": "1"}'):
+        (v / "reward.json").write_text(text)
+        assert _harbor_reward(v) is None, text
+
+
+@needs_engine
+def test_network_follows_task_toml_allow_internet(tmp_path, local_base):
+    """task.toml's [environment] allow_internet (absent: true, as in Harbor) is the task's
+    network; a change of it alone re-imports the task; a value that is not a boolean is named."""
+    src = _harbor_task(tmp_path / "src" / "tiny")
+    toml = src / "task.toml"
+    out = tmp_path / "tasks"
+    nets = []
+    for value in ("false", "true"):
+        toml.write_text(TASK_TOML.replace("cpus = 1", f"cpus = 1\nallow_internet = {value}"))
+        (o,) = import_harbor_tasks([src], out, backend="podman", log=lambda _: None)
+        assert (o.status, o.reason) == ("imported", None), o.detail
+        task = load_task(out / o.task_id)
+        nets.append((task.container["network"], task.sandbox(Sandbox()).network))
+    assert nets == [(False, False), (True, True)]
+    toml.write_text(TASK_TOML.replace("cpus = 1", 'cpus = 1\nallow_internet = "yes"'))
+    (o,) = import_harbor_tasks([src], out, backend="podman", log=lambda _: None)
+    assert (o.status, o.reason) == ("refused", "unreadable")
+    assert "allow_internet='yes': expected true/false" in o.detail

@@ -1,0 +1,584 @@
+"""Running commands in containers: the engine, one container per episode, the verifier's restart.
+
+Every container c2 starts is locked down like the bubblewrap sandbox beside it:
+- a user namespace (podman: `--uidmap 0:USERNS_BASE:USERNS_SIZE`, the same for every container,
+  so one uid owns each workspace, as 65534 does for the sandbox): container root is host uid
+  USERNS_BASE, which cannot write a host file it was not given (`give_workspace`) nor read a
+  root-only one;
+- `--cap-drop=all` plus CAPABILITIES (what apt, dpkg, useradd, su and a server on port 80
+  need, measured one capability at a time), and `no-new-privileges`;
+- the task's memory (swap included), cpus, process and file-descriptor limits;
+- no network (`--network none`) unless the task allows it (Harbor: task.toml's
+  `[environment] allow_internet`, true unless a task says otherwise, as in Harbor);
+- a quota on what the container writes to its own filesystem (its writable layer): the storage
+  driver here (overlay on ext4) has no `--storage-opt size=`, so the layer is measured while
+  a command runs (every QUOTA_POLL_S) and after it; past the quota the command is stopped, its
+  container restarted (every process ends) and the limit named "disk", as for the workspace.
+The root filesystem stays writable within that quota: Harbor's solutions and test scripts
+install packages into the image (apt, pip, uv), so a read-only root would fail them.
+
+Memory kills are read from the kernel, never guessed from an exit status: the oom_kill count of
+the container's memory cgroup (memory.oom_control on cgroup v1, memory.events on v2) before
+and after the command: per command, where `podman inspect`'s `State.OOMKilled` is per container
+(and podman 4.3 with runc on cgroup v1 leaves it false after a kill: measured). An agent's own
+`kill -9 $$` is no memory limit.
+
+The verifier (`run_verifier`; grading's Harbor test.sh) runs in the episode's container
+restarted: the restart ends every process the agent left (servers included), its filesystem
+stays (what the agent installed, as Harbor's tests expect). /tests and an empty /logs/verifier
+are copied in, the test script runs, then the container is stopped (every process of it dead)
+and only then is /logs/verifier copied out for the grader to read. Where the container's cgroup
+holds only the init and sleep it started with (nothing else is alive, and those two start
+nothing), there is nothing to end: the restart, or the stop, is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import resource
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from c2.envs.sandbox import SandboxError, SandboxLimits, SandboxResult, _tree_bytes
+
+LABEL = "c2.session"
+# Every container's environment besides its image's: the package tools' network timeouts raised
+# (uv's 30 s default fails wheels of a few MB through this machine's proxy under load).
+SESSION_ENV = {"UV_HTTP_TIMEOUT": "300", "PIP_DEFAULT_TIMEOUT": "180"}
+# Host uids 0..65535 of every container (podman) map onto USERNS_BASE.. on the host: outside
+# the host's own users and /etc/subuid's usual ranges (100000.. per user).
+USERNS_BASE = 1_879_048_192
+USERNS_SIZE = 65536
+# podman's default set less SETPCAP and SETFCAP (nothing measured needed them). Each one kept
+# is needed: CHOWN, DAC_OVERRIDE, FOWNER (apt, dpkg, useradd), SETUID, SETGID (apt's _apt
+# sandbox, su), FSETID (setgid files dpkg installs), KILL (stopping a service of another
+# user), NET_BIND_SERVICE (a server on port 80), SYS_CHROOT (sshd's privilege separation).
+CAPABILITIES = (
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SETGID",
+    "SETUID",
+    "SYS_CHROOT",
+)
+QUOTA_POLL_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Isolation:
+    backend: str
+    host_uid: int = dataclasses.field(default_factory=os.geteuid)
+
+    def describe(self) -> str:
+        return f"{self.backend} containers"
+
+
+def _conmon_cwd() -> str:
+    """Where podman's conmon runs: it writes a file named `oom` into its working directory when
+    a container process is OOM-killed, which must not land in the caller's (a checkout)."""
+    path = Path(tempfile.gettempdir()) / "c2-conmon"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def engine_command(engine: str = "podman") -> list[str]:
+    if engine not in ("podman", "docker"):
+        raise SandboxError(f"engine={engine!r}: expected 'podman' or 'docker'")
+    exe = shutil.which(engine)
+    if exe is None:
+        raise SandboxError(f"{engine} is not installed (Debian: apt-get install podman runc)")
+    cmd = [exe]
+    if engine == "podman" and shutil.which("runc"):
+        cmd += ["--runtime", shutil.which("runc")]
+    return cmd
+
+
+def engine_available(engine: str = "podman") -> str | None:
+    """None when `engine` can run containers here, else why not (for skips and errors)."""
+    try:
+        cmd = engine_command(engine)
+    except SandboxError as e:
+        return str(e)
+    r = subprocess.run([*cmd, "info"], capture_output=True, text=True, timeout=120)
+    return None if r.returncode == 0 else f"`{engine} info` failed: {r.stderr.strip()[-300:]}"
+
+
+def image_exists(tag: str, engine: str = "podman") -> bool:
+    cmd = engine_command(engine)
+    if engine == "podman":
+        return subprocess.run([*cmd, "image", "exists", tag], capture_output=True).returncode == 0
+    return subprocess.run([*cmd, "image", "inspect", tag], capture_output=True).returncode == 0
+
+
+def image_id(tag: str, engine: str = "podman") -> str | None:
+    """The id of local image `tag`; None when the engine has no such image or is not installed
+    (it then has no images at all)."""
+    if engine in ("podman", "docker") and shutil.which(engine) is None:
+        return None
+    r = subprocess.run(
+        [*engine_command(engine), "image", "inspect", "-f", "{{.Id}}", tag],
+        capture_output=True,
+        text=True,
+    )
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def image_workdir(tag: str, engine: str = "podman") -> str:
+    r = subprocess.run(
+        [*engine_command(engine), "image", "inspect", "-f", "{{.Config.WorkingDir}}", tag],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return r.stdout.strip() or "/"
+
+
+def _ulimits(limits: SandboxLimits) -> list[str]:
+    """rlimits no higher than this process's own hard limits (raising them is refused)."""
+    out = []
+    for flag, res, want in (
+        ("nofile", resource.RLIMIT_NOFILE, limits.max_open_files),
+        ("nproc", resource.RLIMIT_NPROC, max(limits.max_processes, 1024)),
+    ):
+        hard = resource.getrlimit(res)[1]
+        v = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        out += ["--ulimit", f"{flag}={v}:{v}"]
+    return out
+
+
+def _resources(limits: SandboxLimits) -> list[str]:
+    argv = ["--memory", f"{limits.memory_mb}m", "--memory-swap", f"{limits.memory_mb}m"]
+    argv += ["--cpus", str(limits.cpus), "--pids-limit", str(limits.max_processes + 8)]
+    return argv + _ulimits(limits)
+
+
+def security_args(engine: str = "podman", network: bool = False) -> list[str]:
+    """The lock-down of every container (module doc): user namespace, capabilities, network."""
+    argv = ["--cap-drop=all", *(f"--cap-add={c}" for c in CAPABILITIES)]
+    argv += ["--security-opt=no-new-privileges"]
+    if engine == "podman":  # docker maps users daemon-wide (userns-remap), not per container
+        m = f"0:{USERNS_BASE}:{USERNS_SIZE}"
+        argv += ["--uidmap", m, "--gidmap", m]
+    return argv + ([] if network else ["--network", "none"])
+
+
+def _memory_cgroup(pid: int) -> tuple[Path, str] | None:
+    """(directory, events file) of the memory cgroup of process `pid` (a container's init):
+    cgroup v1's memory controller, else v2's unified hierarchy; None when unreadable."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rows = [line.split(":", 2) for line in lines]
+    for _, controllers, path in rows:
+        if "memory" in controllers.split(","):
+            return Path(f"/sys/fs/cgroup/memory{path}"), "memory.oom_control"
+    for _, controllers, path in rows:
+        if controllers == "":
+            return Path(f"/sys/fs/cgroup{path}"), "memory.events"
+    return None
+
+
+def _oom_kills(pid: int) -> int | None:
+    """The kernel's count of OOM kills in the container of init `pid`, or None."""
+    cg = _memory_cgroup(pid)
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        for row in (cg[0] / cg[1]).read_text().splitlines():
+            key, _, value = row.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    return None
+
+
+def _processes(pid: int) -> frozenset[int] | None:
+    """Every process in the container of init `pid` (its cgroup's), or None when unreadable."""
+    cg = _memory_cgroup(pid)
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return frozenset(int(x) for x in (cg[0] / "cgroup.procs").read_text().split())
+    return None
+
+
+@dataclasses.dataclass
+class _Container:
+    """One running container: its name, its init's host pid, its writable layer on the host."""
+
+    name: str
+    pid: int
+    upper: Path | None
+    running: bool = True
+    idle: frozenset[int] | None = None  # its processes when it (re)started: init and sleep
+
+    def only_ours(self) -> bool:
+        """Whether no process but init and its sleep is alive (none can start another)."""
+        now = _processes(self.pid)
+        return now is not None and self.idle is not None and now == self.idle
+
+
+class ContainerSandbox:
+    """Sandbox.run's arguments and result, in containers of one image (container.py's module
+    doc: one container per episode, keyed by the workspace). Thread-safe; one instance serves
+    every episode of the image (`container_sandbox`)."""
+
+    isolated = True
+
+    def __init__(
+        self,
+        image: str,
+        *,
+        engine: str = "podman",
+        limits: SandboxLimits | None = None,
+        network: bool = False,
+    ):
+        self.image, self.engine, self.network = image, engine, network
+        self.cmd = engine_command(engine)
+        self.limits = limits or SandboxLimits()
+        uid = USERNS_BASE if engine == "podman" else os.geteuid()
+        self.isolation = _Isolation(engine, uid)
+        self._sessions: dict[str, _Container] = {}  # workspace realpath -> its container
+        self._lock = threading.Lock()
+
+    def give_workspace(self, path: str | os.PathLike) -> None:
+        """Hand a directory tree to container root's host uid (it may write only what it owns)."""
+        uid = self.isolation.host_uid
+        if uid == os.geteuid():
+            return
+        for root, dirs, files in os.walk(path):
+            for name in [*dirs, *files]:
+                os.lchown(os.path.join(root, name), uid, uid)
+        os.lchown(path, uid, uid)
+
+    # ------------------------------------------------------------------ containers
+
+    def _start(self, workdir: Path, mount_at: str, limits, *, readonly=False, binds=()):
+        """A detached container of the image (init + sleep) with `workdir` at `mount_at`."""
+        name = f"c2-{uuid.uuid4().hex[:12]}"
+        argv = [*self.cmd, "run", "-d", "--name", name, "--init"]
+        argv += [*security_args(self.engine, self.network), *_resources(limits)]
+        argv += ["--label", f"{LABEL}={workdir}"]
+        argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
+        argv += ["-v", f"{workdir}:{mount_at}" + (":ro" if readonly else ""), "-w", mount_at]
+        for src, dst, writable in binds:
+            argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
+        argv += [self.image, "sleep", "infinity"]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=_conmon_cwd())
+        if r.returncode != 0:
+            self._remove(name)
+            raise SandboxError(f"could not start a container of {self.image}: {r.stderr[-500:]}")
+        return self._inspect(name)
+
+    def _inspect(self, name: str) -> _Container:
+        fmt = "{{.State.Pid}} {{.GraphDriver.Data.UpperDir}}"
+        r = subprocess.run(
+            [*self.cmd, "inspect", "--format", fmt, name], capture_output=True, text=True
+        )
+        pid, _, upper = r.stdout.strip().partition(" ")
+        if r.returncode != 0 or not pid.isdigit():
+            raise SandboxError(f"container {name}: inspect failed: {r.stderr.strip()[-300:]}")
+        idle = _processes(int(pid))  # read before any command of ours ran in it
+        idle = idle if idle is not None and len(idle) == 2 else None  # else: unknown
+        return _Container(
+            name, int(pid), Path(upper) if upper.startswith("/") else None, True, idle
+        )
+
+    def session(self, workdir: Path, mount_at: str, limits: SandboxLimits) -> str:
+        """The running container of `workdir`'s episode, started on first use (and started
+        again after the verifier stopped it)."""
+        return self._session(Path(workdir), mount_at, limits).name
+
+    def _session(self, workdir: Path, mount_at: str, limits: SandboxLimits) -> _Container:
+        key = str(workdir)
+        with self._lock:
+            c = self._sessions.get(key)
+            if c is not None and c.running:
+                return c
+            if c is not None:
+                self._check([*self.cmd, "start", c.name])
+                return self._refresh(c)
+            self._collect_garbage_locked()
+            c = self._sessions[key] = self._start(workdir, mount_at, limits)
+            return c
+
+    def _restart(self, c: _Container) -> None:
+        """Every process of `c` ends (SIGKILL at once); its filesystem stays."""
+        self._check([*self.cmd, "restart", "-t", "0", c.name])
+        self._refresh(c)
+
+    def _refresh(self, c: _Container) -> _Container:
+        """`c` after a (re)start: its new init's pid (and cgroup)."""
+        new = self._inspect(c.name)
+        c.pid, c.upper, c.running, c.idle = new.pid, new.upper, True, new.idle
+        return c
+
+    def collect_garbage(self) -> None:
+        """Remove the containers of episodes whose workspace was deleted."""
+        with self._lock:
+            self._collect_garbage_locked()
+
+    def _collect_garbage_locked(self) -> None:
+        for key, c in list(self._sessions.items()):
+            if not os.path.isdir(key):
+                self._remove(c.name)
+                del self._sessions[key]
+
+    def _remove(self, name: str) -> None:
+        subprocess.run([*self.cmd, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+
+    def close(self, workdir: str | os.PathLike | None = None) -> None:
+        """Remove the container of `workdir`'s episode, or of every episode."""
+        with self._lock:
+            keys = list(self._sessions) if workdir is None else [str(Path(workdir).resolve())]
+            for key in keys:
+                c = self._sessions.pop(key, None)
+                if c is not None:
+                    self._remove(c.name)
+
+    # ------------------------------------------------------------------ running
+
+    def _prepare(self, command, workdir, python_env) -> tuple[list[str], Path]:
+        workdir = Path(workdir)
+        if not workdir.is_dir():
+            raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
+        if python_env is not None:
+            raise SandboxError(
+                f"python_env={str(python_env)!r}: a container task has its image's environment"
+            )
+        if isinstance(command, str):
+            command = ["/bin/bash", "-c", command]
+        return list(command), workdir.resolve()
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        workdir: str | os.PathLike,
+        *,
+        limits: SandboxLimits | None = None,
+        mount_at: str = "/workspace",
+        readonly: bool = False,
+        binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
+        env: dict[str, str] | None = None,
+        python_env: str | os.PathLike | None = None,
+    ) -> SandboxResult:
+        """`command` in the episode's container (binds copied in before, writable ones copied
+        back after), or with `readonly` in a fresh container of the image with the workspace
+        read-only and binds mounted, removed (every process dead) before this returns."""
+        limits = limits or self.limits
+        command, workdir = self._prepare(command, workdir, python_env)
+        if readonly:
+            return self._run_fresh(command, workdir, limits, mount_at, binds, env)
+        c = self._session(workdir, mount_at, limits)
+        copy_back = []
+        for src, dst, writable in binds:
+            self._copy_in(c.name, Path(src), dst)
+            if writable:
+                copy_back.append((Path(src), dst))
+        result = self._exec(c, command, limits, workdir, mount_at, env, check_disk=True)
+        for src, dst in copy_back:
+            self._copy_out(c.name, dst, src)
+        return result
+
+    def run_verifier(
+        self,
+        command: str | Sequence[str],
+        workdir: str | os.PathLike,
+        *,
+        limits: SandboxLimits | None = None,
+        mount_at: str = "/workspace",
+        binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
+        env: dict[str, str] | None = None,
+        python_env: str | os.PathLike | None = None,
+    ) -> SandboxResult:
+        """The tests over the episode's final state (module doc): its container restarted (no
+        process of the agent survives), read-only binds copied in, writable ones made empty
+        there, `command` run, the container stopped, and only then the writable binds copied
+        back to the host (nothing can write them any more)."""
+        limits = limits or self.limits
+        command, workdir = self._prepare(command, workdir, python_env)
+        c = self._session(workdir, mount_at, limits)
+        if not c.only_ours():  # (a restart costs ~0.7 s: skipped when nothing is left)
+            self._restart(c)
+        for src, dst, _ in binds:  # the grader's own copies: what the agent left there goes
+            self._copy_in(c.name, Path(src), dst)
+        result = self._exec(c, command, limits, workdir, mount_at, env, check_disk=True)
+        if not c.only_ours():  # a process the tests left could still write: stop them all
+            self._check([*self.cmd, "stop", "-t", "0", c.name])
+            c.running = False
+        if "disk" not in result.limits_hit:  # past the quota: nothing is copied to the host
+            for src, dst, writable in binds:
+                if writable:
+                    self._copy_out(c.name, dst, Path(src))
+        return result
+
+    def _run_fresh(self, command, workdir, limits, mount_at, binds, env) -> SandboxResult:
+        c = self._start(workdir, mount_at, limits, readonly=True, binds=binds)
+        try:
+            return self._exec(c, command, limits, workdir, mount_at, env, check_disk=False)
+        finally:
+            self._remove(c.name)
+
+    def _copy_in(self, name: str, src: Path, dst: str) -> None:
+        parent = os.path.dirname(dst.rstrip("/")) or "/"
+        prep = f"rm -rf {shlex.quote(dst)} && mkdir -p {shlex.quote(parent)}"
+        self._check([*self.cmd, "exec", name, "sh", "-c", prep])
+        # A tar stream owned by container root: podman 4.3's `cp` fails on a host owner that
+        # only the user namespace maps (USERNS_BASE: give_workspace's).
+        with tempfile.TemporaryFile() as tar:
+            with tarfile.open(fileobj=tar, mode="w") as tf:
+                tf.add(src.resolve(), arcname=dst.strip("/"), filter=_root_owned)
+            tar.seek(0)
+            r = subprocess.run(
+                [*self.cmd, "cp", "-", f"{name}:/"], stdin=tar, capture_output=True, timeout=300
+            )
+        if r.returncode != 0:
+            err = r.stderr.decode(errors="replace").strip()[-300:]
+            raise SandboxError(f"copying {src} to {name}:{dst} failed: {err}")
+
+    def _copy_out(self, name: str, dst: str, to: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="c2-cp-") as tmp:
+            got = Path(tmp) / "d"  # `cp DIR NEW` copies DIR's contents into NEW
+            r = subprocess.run(
+                [*self.cmd, "cp", "--archive=false", f"{name}:{dst.rstrip('/')}", str(got)],
+                capture_output=True,
+                timeout=300,
+            )
+            if r.returncode == 0 and got.is_dir():
+                shutil.copytree(got, to, symlinks=True, dirs_exist_ok=True)
+
+    def _check(self, argv: list[str]) -> None:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=_conmon_cwd())
+        if r.returncode != 0:
+            raise SandboxError(f"{shlex.join(argv[-3:])}: {r.stderr.strip()[-300:]}")
+
+    def _exec(self, c: _Container, command, limits, workdir, mount_at, env, check_disk):
+        # coreutils timeout: TERM to the command's whole process group at the limit, KILL 2 s on.
+        inner = ["timeout", "-k", "2", f"{limits.timeout_s:g}", *command]
+        argv = [*self.cmd, "exec", "-w", mount_at]
+        for k, v in (env or {}).items():
+            argv += ["-e", f"{k}={v}"]
+        quota = limits.max_workspace_mb << 20
+        ooms = _oom_kills(c.pid)
+        r = _Execution(argv + [c.name, *inner], limits, c.upper, quota).wait()
+        after = _oom_kills(c.pid)
+        if r.stopped:  # killing the exec client does not reach inside: every process ends
+            with contextlib.suppress(SandboxError, subprocess.TimeoutExpired):
+                self._restart(c)
+        hit = list(r.hit)
+        if ooms is not None and after is not None and after > ooms:
+            hit.append("memory")
+        if "disk" not in hit and c.upper is not None and _tree_bytes(c.upper) > quota:
+            hit.append("disk")
+        if check_disk and "disk" not in hit and _tree_bytes(workdir) > quota:
+            hit.append("disk")
+        return SandboxResult(
+            exit_code=None if r.timed_out else r.code,
+            timed_out=r.timed_out,
+            stdout=r.stdout,
+            stderr=r.stderr,
+            limit=hit[0] if hit else None,
+            limits_hit=hit,
+            stdout_truncated=r.stdout_cut,
+            stderr_truncated=r.stderr_cut,
+            wall_s=r.wall,
+            first_output_s=None,
+            cpu_s=None,
+            memory_peak_mb=None,
+            isolation=self.isolation.describe(),
+        )
+
+
+class _Execution:
+    """One `podman exec` watched from the host: output capped, a backstop deadline a few
+    seconds past the `timeout` inside, the writable layer measured against its quota."""
+
+    def __init__(self, argv, limits: SandboxLimits, upper: Path | None, quota: int):
+        self.argv, self.limits, self.upper, self.quota = argv, limits, upper, quota
+        self.hit: list[str] = []
+        self.stopped = self.timed_out = False
+
+    def wait(self) -> _Execution:
+        cap = self.limits.max_output_bytes
+        t0 = time.monotonic()
+        deadline = t0 + self.limits.timeout_s + 10  # the host's backstop behind `timeout`
+        next_quota = t0 + QUOTA_POLL_S
+        overflow = over_quota = False
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=_conmon_cwd()
+            )
+            while proc.poll() is None:
+                time.sleep(0.05)
+                now = time.monotonic()
+                if os.fstat(out.fileno()).st_size + os.fstat(err.fileno()).st_size > cap:
+                    overflow = True
+                elif now >= deadline:
+                    self.timed_out = True
+                elif self.upper is not None and now >= next_quota:
+                    next_quota = now + QUOTA_POLL_S
+                    over_quota = _tree_bytes(self.upper) > self.quota
+                    if not over_quota:
+                        continue
+                else:
+                    continue
+                proc.kill()
+                self.stopped = True
+                break
+            self.code = proc.wait()
+            self.wall = time.monotonic() - t0
+            self.stdout, self.stdout_cut = _read(out, cap)
+            self.stderr, self.stderr_cut = _read(err, max(0, cap - len(self.stdout.encode())))
+        # `timeout` exits 124 when the limit stopped the command (137 after its KILL).
+        if self.code in (124, 137) and self.wall >= self.limits.timeout_s * 0.98:
+            self.timed_out = True
+        if self.timed_out:
+            self.hit.append("wall_time")
+        if self.stdout_cut or self.stderr_cut or overflow:
+            self.hit.append("output")
+            self.stdout_cut = self.stdout_cut or overflow
+            self.stderr_cut = self.stderr_cut or overflow
+        if over_quota:
+            self.hit.append("disk")
+        return self
+
+
+def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def _read(f, cap: int) -> tuple[str, bool]:
+    f.seek(0)
+    data = f.read(cap + 1)
+    return data[:cap].decode(errors="replace"), len(data) > cap
+
+
+def collect_leftovers(engine: str = "podman") -> int:
+    """Remove episode containers (label c2.session) whose workspace no longer exists: what a
+    killed run left behind. Returns how many were removed."""
+    cmd = engine_command(engine)
+    fmt = '{{.Names}} {{index .Labels "' + LABEL + '"}}'
+    r = subprocess.run(
+        [*cmd, "ps", "-a", "--filter", f"label={LABEL}", "--format", fmt],
+        capture_output=True,
+        text=True,
+    )
+    gone = []
+    for line in r.stdout.splitlines():
+        name, _, ws = line.partition(" ")
+        if name and not os.path.isdir(ws):
+            gone.append(name)
+    if gone:
+        subprocess.run([*cmd, "rm", "-f", "-t", "0", *gone], capture_output=True)
+    return len(gone)
