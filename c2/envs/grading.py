@@ -5,25 +5,54 @@ efficiency (tokens, tool calls, wall time) and interaction (a final message, inv
 Hidden tests run in a sandbox over the final workspace, mounted read-only, with the pristine tests
 from the task directory: whatever the agent did to its copy of the tests does not count. An
 episode that ran into a sandbox limit (processes, memory, output, time, ...), in its own commands
-or in the hidden tests' run, fails, with the limit named in failure_reason.
+or in the hidden tests' run, fails, with the limit named in failure_reason. Every process an
+episode's command started is dead when the command returns (the sandbox's pid namespace and
+cgroup), so nothing the agent left running reaches the grading.
+
+Outcomes the workspace cannot forge: the verdict is decided and sent by a process that never runs
+workspace code, over a pipe only it holds (grading_channel.py); nothing is read back from a file
+the sandbox can write, and a test that never reports is failed, with the reason recorded.
+- "functions" grader (grading_runner.py): sound by construction. The trusted runner runs the
+  hidden tests and their assertions; workspace code runs in a worker process it forked first,
+  reached through proxies that bring back only plain literal data. Exit hooks, signal handlers,
+  monkeypatching, forked survivors, os._exit, a result whose __eq__ is always true: each only
+  fails the test (a dead or hung worker fails the call it was in, named in failure_reason).
+- pytest grader (grading_pytest.py + grading_plugin.py): tests and tested code share pytest's
+  process, so it cannot be sound in general. A trusted non-dumpable parent runs pytest as a child
+  and takes each outcome keyed with a random key it handed over before any test module was
+  imported; "passed" needs a test call the plugin made itself to return; the first outcome per
+  test stands, reading stops at session end, then the whole tree is killed. Every generic route
+  (exit hooks, patching pytest's runner or reports or sys.exit, signal handlers, survivors,
+  files, printed lines, conftest.py / .pth / sitecustomize, os._exit, reopening descriptors via
+  /proc) fails; NOT defended: code that knows the plugin's internals and digs its key out of
+  memory (or calls its hooks), that replaces the test functions themselves before they run (e.g.
+  patching pytest's Function.obj), or a returned object whose __eq__ is always true.
+The container backend cannot pass descriptors yet (`passes_fds`): its channel is a file under a
+writable bind, which tested code could rewrite.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import importlib.util
 import json
+import math
 import os
+import py_compile
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from c2.envs.grading_channel import Messages, ResultsChannel
 from c2.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
 from c2.envs.tasks import Task
 
 _PLUGIN = Path(__file__).with_name("grading_plugin.py")
+_PARENT = Path(__file__).with_name("grading_pytest.py")
 _RUNNER = Path(__file__).with_name("grading_runner.py")
 RUFF_SELECT = "E,F,W,B,SIM"
 
@@ -91,17 +120,21 @@ def pytest_outcomes(
     python_env: str | os.PathLike | None = None,
 ) -> TestRun:
     """Per-test outcomes of running `tests_dir` (mounted read-only at /grading/tests, so ids
-    read "tests/test_x.py::test_y") against `workspace` (read-only at `mount_at`)."""
-    cmd = ["python", "-P", "-m", "pytest", "-p", "grading_plugin", "-p", "no:cacheprovider"]
-    cmd += ["-c", "/dev/null", "--rootdir=/grading", "-q", "/grading/tests"]
-    env = {
-        "PYTHONPATH": "/grading",
-        "C2_WORKSPACE": mount_at,
-        "C2_GRADING_OUT": "/grading/out/results.json",
-    }
-    script = (_PLUGIN, "/grading/grading_plugin.py")
+    read "tests/test_x.py::test_y") against `workspace` (read-only at `mount_at`): pytest runs
+    as the child of a trusted parent (grading_pytest.py), which alone can reach c2."""
+    pytest = ["python", "-P", "-m", "pytest", "-p", "grading_plugin", "-p", "no:cacheprovider"]
+    pytest += ["-c", "/dev/null", "--rootdir=/grading", "-q", "/grading/tests"]
+    env = {"PYTHONPATH": "/grading", "C2_WORKSPACE": mount_at}
+    kill = "kill-all" if _pid_namespace(sandbox) else "keep"
+    parent = ["python", "-I", "-S", "-B", "/grading/grading_pytest.py"]
+    scripts = [(_PLUGIN, "/grading/grading_plugin.py"), (_PARENT, "/grading/grading_pytest.py")]
+    scripts += _runner_files()  # the parent's helpers
+
+    def cmd(out):
+        return [*parent, out, f"{limits.timeout_s:g}", kill, "--", *pytest]
+
     return _sandboxed_outcomes(
-        cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at, python_env
+        cmd, scripts, env, tests_dir, workspace, sandbox, limits, mount_at, python_env
     )
 
 
@@ -115,49 +148,80 @@ def runner_outcomes(
     python_env: str | os.PathLike | None = None,
 ) -> TestRun:
     """`pytest_outcomes` for plain test functions, run by grading_runner.py without pytest
-    (the "functions" grader: ~10x faster; same ids, same JSON, same reading)."""
+    (the "functions" grader: ~10x faster; same ids, same outcomes; workspace code runs in a
+    worker process, the tests and their assertions in the trusted runner)."""
     # -S (no site-packages) unless the task brings an environment whose packages it needs.
     flags = ["-I", "-B"] if python_env is not None else ["-I", "-S", "-B"]
-    cmd = ["python", *flags, "/grading/grading_runner.py", "/grading/tests", mount_at]
-    cmd.append("/grading/out/results.json")
-    script = (_RUNNER, "/grading/grading_runner.py")
+
+    main = "import sys; sys.path.insert(0, '/grading'); import grading_runner as r; "
+    main += "r.main(*sys.argv[1:])"
+    runner = ["python", *flags, "-c", main, "/grading/tests", mount_at]
+
+    def cmd(out):
+        return [*runner, out, f"{limits.timeout_s:g}"]
+
+    scripts = _runner_files()
     return _sandboxed_outcomes(
-        cmd, script, {}, tests_dir, workspace, sandbox, limits, mount_at, python_env
+        cmd, scripts, {}, tests_dir, workspace, sandbox, limits, mount_at, python_env
     )
 
 
+@functools.cache
+def _runner_files() -> list[tuple[Path, str]]:
+    """grading_runner.py and its bytecode where the sandbox's Python looks for it (an import
+    checks it against the source's mtime and size; another Python version compiles anew)."""
+    pyc = importlib.util.cache_from_source("/grading/grading_runner.py")
+    host = Path(tempfile.mkdtemp(prefix="c2-runner-")) / os.path.basename(pyc)
+    py_compile.compile(str(_RUNNER), cfile=str(host), doraise=True)
+    host.chmod(0o644)
+    return [(_RUNNER, "/grading/grading_runner.py"), (host, pyc)]
+
+
+def _pid_namespace(sandbox) -> bool:
+    """Whether the tests run in a pid namespace of their own (so killing every process the
+    trusted parent can signal kills only the sandbox's)."""
+    return isinstance(sandbox, Sandbox) and sandbox.isolated
+
+
 def _sandboxed_outcomes(
-    cmd, script, env, tests_dir, workspace, sandbox, limits, mount_at, python_env=None
+    cmd, scripts, env, tests_dir, workspace, sandbox, limits, mount_at, python_env=None
 ) -> TestRun:
-    """Run `cmd` with tests_dir at /grading/tests, `script` mounted, the workspace read-only;
-    read the outcomes it writes to /grading/out/results.json."""
+    """Run `cmd(out)` with tests_dir at /grading/tests and `scripts` mounted, the workspace
+    read-only; the trusted process writes its messages to `out`: a pipe passed in as a
+    descriptor only it holds, read here while it runs (grading_channel.py)."""
     _need_namespaces(sandbox)
-    with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
-        sandbox.give_workspace(out)
-        binds = [
-            (tests_dir, "/grading/tests", False),
-            (script[0], script[1], False),
-            (out, "/grading/out", True),
-        ]
+    binds = [(tests_dir, "/grading/tests", False)]
+    binds += [(src, dst, False) for src, dst in scripts]
+    with ResultsChannel(sandbox) as channel:
         r = sandbox.run(
-            cmd,
+            cmd(channel.out),
             workspace,
             limits=limits,
             mount_at=mount_at,
             readonly=True,
-            binds=binds,
+            binds=binds + channel.binds,
             env=env,
             python_env=python_env,
+            **channel.run_kwargs,
         )
-        data = _read_json(Path(out) / "results.json", 16 << 20)
-    if not isinstance(data, dict) or not isinstance(data.get("outcomes"), dict):
+        got = channel.read()
+    return _test_run(got, r)
+
+
+def _test_run(got: Messages, r: SandboxResult) -> TestRun:
+    if not got.ended and not got.outcomes and not got.collect_errors:
         why = f"limit {r.limit}" if r.limit else f"exit code {r.exit_code}: {r.stderr[-300:]}"
-        return TestRun({}, f"hidden tests produced no results ({why})", r)
-    outcomes = {str(k): str(v) for k, v in data["outcomes"].items()}
-    error = f"stopped by limit {r.limit}" if r.limit else None
-    if data.get("collect_errors"):
-        error = f"collection errors in {list(data['collect_errors'])[:3]}"
-    return TestRun(outcomes, error, r)
+        error = "; ".join([f"hidden tests produced no results ({why})", *got.notes[:3]])
+        return TestRun({}, error, r)
+    errors = []
+    if r.limit:
+        errors.append(f"stopped by limit {r.limit}")
+    if got.collect_errors:
+        errors.append(f"collection errors in {got.collect_errors[:3]}")
+    errors += got.notes[:3]
+    if not got.ended and not r.limit:
+        errors.append(f"hidden tests ended early (exit code {r.exit_code})")
+    return TestRun(dict(got.outcomes), "; ".join(errors) or None, r)
 
 
 def _need_namespaces(sandbox: Sandbox) -> None:
@@ -167,7 +231,7 @@ def _need_namespaces(sandbox: Sandbox) -> None:
         )
 
 
-def _read_json(path: Path, max_bytes: int):
+def _read_json(path: Path, max_bytes: int):  # Harbor's reward.json
     try:
         if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
             return None
@@ -177,12 +241,17 @@ def _read_json(path: Path, max_bytes: int):
 
 
 def _run_harbor(task, workspace, sandbox, limits, python_env=None) -> TestRun:
+    """Harbor's test.sh over the episode's final state; its reward is read once no process
+    that could write it is alive: a container task's container is restarted for the tests (the
+    agent's leftover processes end) and stopped before /logs is copied back (run_verifier);
+    the bubblewrap sandbox ends every process of a command when it returns."""
     _need_namespaces(sandbox)
+    run = getattr(sandbox, "run_verifier", sandbox.run)
     with tempfile.TemporaryDirectory(prefix="c2-grade-") as out:
         (Path(out) / "verifier").mkdir()
         sandbox.give_workspace(out)
         binds = [(task.tests_dir, "/tests", False), (out, "/logs", True)]
-        r = sandbox.run(
+        r = run(
             ["bash", "/tests/test.sh"],
             workspace,
             limits=limits,
@@ -199,17 +268,23 @@ def _run_harbor(task, workspace, sandbox, limits, python_env=None) -> TestRun:
 
 
 def _harbor_reward(verifier: Path) -> float | None:
-    """reward.txt (one number) or reward.json ({"reward": x} or its first value)."""
+    """reward.txt (one number) or reward.json ({"reward": x} or its first value); None for
+    anything else: a link, a special or oversized file, a value that is not a finite number."""
     txt = verifier / "reward.txt"
     try:
-        if txt.is_file() and not txt.is_symlink() and txt.stat().st_size < 4096:
-            return float(txt.read_text().strip())
+        if txt.is_symlink() or (txt.exists() and not txt.is_file()):
+            return None
+        if txt.is_file():
+            value = float(txt.read_text().strip()) if txt.stat().st_size < 4096 else math.nan
+            return value if math.isfinite(value) else None
     except (OSError, ValueError):
         return None
     data = _read_json(verifier / "reward.json", 1 << 16)
     if isinstance(data, dict):
         data = data.get("reward", next(iter(data.values()), None))
-    return float(data) if isinstance(data, int | float) and not isinstance(data, bool) else None
+    if not isinstance(data, int | float) or isinstance(data, bool) or not math.isfinite(data):
+        return None
+    return float(data)
 
 
 # ---------------------------------------------------------------------- code quality
@@ -318,6 +393,9 @@ def grade(task: Task, workspace: str | os.PathLike, sandbox: Sandbox, episode=No
         )
     if tests.error:
         reasons.append(tests.error)
+    unreported = [t for t in [*f2p, *p2p] if t not in tests.outcomes]
+    if unreported:
+        reasons.append(f"never reported: {_few(unreported)}")
     if not all(f2p.values()):
         failed = [t for t, ok in f2p.items() if not ok]
         reasons.append(f"fail_to_pass still failing: {_few(failed)}")

@@ -127,6 +127,8 @@ def _dirs_for(path: str, made: set[str]) -> list[str]:
 class Sandbox:
     """Runs commands in sandboxes; thread-safe, one instance serves a whole pool."""
 
+    passes_fds = True  # run(pass_fds=...) hands descriptors to the command (grading_channel.py)
+
     def __init__(
         self,
         limits: SandboxLimits | None = None,
@@ -291,12 +293,20 @@ class Sandbox:
         binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
         env: dict[str, str] | None = None,
         python_env: str | os.PathLike | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> SandboxResult:
         """Run `command` (argv list, or a string for bash -c) over `workdir`, mounted at
         `mount_at`. `binds` are extra (host path, sandbox path, writable) mounts. `python_env` is a
         task's environment (envcache.ensure_env): mounted read-only and first on PATH in place of
-        c2's own, which the command then cannot see."""
+        c2's own, which the command then cannot see. `pass_fds`: the caller's descriptors, open
+        in the command under the same numbers (bwrap's pid 1 closes its copies); the caller
+        keeps and closes them."""
         limits = limits or self.limits
+        for fd in pass_fds:
+            try:
+                os.fstat(fd)
+            except (OSError, TypeError) as e:
+                raise SandboxError(f"pass_fds: {fd!r} is not an open descriptor ({e})") from e
         workdir = Path(workdir)
         if not workdir.is_dir():
             raise SandboxError(f"workdir={str(workdir)!r}: expected an existing directory")
@@ -345,7 +355,9 @@ class Sandbox:
                 fds,
                 python_env,
             )
-            return self._execute(argv, workdir, limits, cgroup, fds, full_env, readonly)
+            return self._execute(
+                argv, workdir, limits, cgroup, fds, full_env, readonly, tuple(pass_fds)
+            )
         finally:
             for fd in fds:
                 with contextlib.suppress(OSError):
@@ -356,7 +368,9 @@ class Sandbox:
                 except OSError as e:  # a leftover directory is cleaned up by a later probe
                     logging.getLogger(__name__).warning("cgroup %s not removed: %s", cgroup.name, e)
 
-    def _execute(self, argv, workdir, limits, cgroup, fds, env, readonly) -> SandboxResult:
+    def _execute(
+        self, argv, workdir, limits, cgroup, fds, env, readonly, pass_fds=()
+    ) -> SandboxResult:
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -364,7 +378,7 @@ class Sandbox:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=fds,
+                pass_fds=[*fds, *pass_fds],
                 cwd=None if self.isolated else workdir,
                 env=None if self.isolated else env,
                 start_new_session=True,
