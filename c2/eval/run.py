@@ -6,10 +6,17 @@ P: a c2 workdir (a stage's, or a pipeline's: its last stage), `hf:DIR`, `oracle`
 plays on the generation engine (`c2.infer.Engine`, continuous batching) through
 `c2.rl.episodes.EpisodeRunner`, exactly as RL rollouts and the RL stage's held-out evaluation do;
 `oracle` / `noop` are the scripted reference agents of `c2.envs.agents`, played by
-`c2.envs.episode.run_episode`. Either way each episode is graded by `c2.envs.grading.grade` in the
-namespace sandbox. DIR is any task directory (or directory of them): the generated held-out
-split (`python -m c2.envs.functions --split eval`, `python -m c2.envs.generate`), HumanEval,
-Harbor / Terminal-Bench tasks imported by `c2.envs.sources`.
+`c2.envs.episode.run_episode`. Either way each episode is graded by `c2.envs.grading.grade`. DIR is
+any task directory (or directory of them): the generated held-out split (`python -m
+c2.envs.functions --split eval`, `python -m c2.envs.generate`), HumanEval, Harbor /
+Terminal-Bench tasks imported by `c2.envs.sources`.
+
+Each task runs where it says (`Task.sandbox`): the bubblewrap sandbox, or its container image;
+only the backends the task set uses must work here (a container-only set needs no bubblewrap).
+An agent's command may run as long as its task allows (`command_timeout_s`: task.toml's agent
+timeout, else the task's test timeout), unless --run_timeout_s > 0 sets one limit for all. An
+episode whose play or grading raises is tried again up to --max_attempts times, then recorded as
+a failure (stop_reason "rollout_error", the error in failure_reason) and the run goes on.
 
 Writes, under OUT:
   episodes.jsonl    one line per finished episode (appended as each ends): the grade's four
@@ -17,24 +24,26 @@ Writes, under OUT:
                     the patch (a unified diff of the final workspace against the task's files);
                     for a model, its transcript (each segment's token ids decoded)
   results.json      per task and overall: pass@k for k = 1, 2, 4, ..., N (unbiased estimator,
-                    c2.eval.passk.pass_at_k; overall = mean over tasks with a 95% interval),
-                    best-of-N, the four dimensions, tokens and compute
+                    c2.eval.passk.pass_at_k; overall = mean over tasks with a 95% Wilson
+                    interval), best-of-N, the four dimensions, tokens, compute, harness errors
   predictions.jsonl SWE-bench style, one line per task (sample 0):
                     {"instance_id", "model_name_or_path", "model_patch"}
+  run.json          the policy, the tasks and the settings the episodes were played with
   report.md, passk.png, per_task.png
 Resumable: a second invocation reads episodes.jsonl and plays only the episodes not in it (a
-larger --samples plays only the new sample indices).
+larger --samples plays only the new sample indices: samples are independent draws, and each
+invocation's engine draws from its own seed). It refuses settings that differ from run.json's
+(sampling, budgets, command limits, seed), naming the field, the recorded and the new value.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import dataclasses
-import difflib
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -47,7 +56,23 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from c2.eval.passk import pass_at_k
+from c2.eval.backends import (  # noqa: F401 - check_isolation: this module's API too
+    ContainersOnly,
+    IsolationMissing,
+    check_isolation,
+    default_sandbox,
+    describe_isolation,
+    task_backends,
+)
+from c2.eval.patches import workspace_patch
+from c2.eval.run_results import (  # noqa: F401 - ks_for, summarize: this module's API too
+    DIMENSIONS,
+    ERROR_STOP,
+    ks_for,
+    summarize,
+    write_predictions,
+    write_report,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +81,6 @@ EPISODES = "episodes.jsonl"
 RESULTS = "results.json"
 PREDICTIONS = "predictions.jsonl"
 RUN_META = "run.json"
-Z95 = 1.959963984540054
-DIMENSIONS = ("correctness", "quality", "efficiency", "interaction")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +95,7 @@ class RunOptions:
     top_k: int = 0
     engine_slots: int = 16
     tool_workers: int = 4
-    run_timeout_s: float = 20.0
+    run_timeout_s: float = 0.0  # > 0: every command's limit; 0: each task's (command_timeout_s)
     seed: int = 0
     workers: int = 2  # scripted policies: episodes at once
     # Long episodes (c2/rl/episodes.py): self_summary | compaction | none; 0: the defaults.
@@ -80,67 +103,37 @@ class RunOptions:
     summary_trigger: int = 0
     summary_max_tokens: int = 0
     max_segments: int = 4
+    max_attempts: int = 3  # an episode that raises is played again, up to this many times
+
+    def __post_init__(self):
+        if self.run_timeout_s < 0:
+            raise ValueError(f"--run_timeout_s={self.run_timeout_s}: expected >= 0 (0: the task's)")
+        if self.max_attempts < 1:
+            raise ValueError(f"--max_attempts={self.max_attempts}: expected >= 1")
 
 
-# Patches ------------------------------------------------------------------------------------
+# How fast episodes are played, not what is played: free to change on resume.
+THROUGHPUT_FIELDS = ("engine_slots", "tool_workers", "workers", "max_attempts")
+# What a scripted agent's episodes depend on (sampling and token budgets are a model's).
+SCRIPTED_FIELDS = ("run_timeout_s",)
 
 
-def _text_files(root: Path) -> dict[str, Path]:
-    out = {}
-    if not root.is_dir():
-        return out
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("__pycache__", ".pytest_cache"))
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            if p.is_symlink() or not p.is_file() or name.endswith(".pyc"):
-                continue
-            out[str(p.relative_to(root))] = p
-    return out
+def command_timeout_s(task, override: float = 0.0) -> float:
+    """How long one of the agent's commands may run on `task`: `override` when > 0, else the
+    task's own: its agent timeout (a Harbor task's task.toml), else its tests' timeout (the time
+    the grader gives the same tests the agent runs)."""
+    if override > 0:
+        return float(override)
+    return float(task.metadata.get("agent_timeout_s", task.test_timeout_s))
 
 
-def _read(path: Path | None) -> list[str] | None:
-    """Lines of a text file; None if absent, binary or over 1 MiB."""
-    if path is None:
-        return []
-    if path.stat().st_size > 1 << 20:
-        return None
-    try:
-        return path.read_text().splitlines(keepends=True)
-    except (UnicodeDecodeError, OSError):
-        return None
-
-
-def workspace_patch(original: str | Path, final: str | Path) -> str:
-    """A git-style unified diff turning `original` into `final` (added, modified and deleted
-    text files; binary or >1 MiB files are named only). `git apply` / `patch -p1` apply it."""
-    a_files, b_files = _text_files(Path(original)), _text_files(Path(final))
-    out = []
-    for rel in sorted(set(a_files) | set(b_files)):
-        a_path, b_path = a_files.get(rel), b_files.get(rel)
-        a, b = _read(a_path), _read(b_path)
-        if a is None or b is None:
-            if a_path is None or b_path is None or a_path.read_bytes() != b_path.read_bytes():
-                out.append(f"diff --git a/{rel} b/{rel}\nBinary files differ\n")
-            continue
-        if a == b and a_path is not None and b_path is not None:
-            continue
-        for lines in (a, b):  # a last line without a newline, as diff marks it
-            if lines and not lines[-1].endswith("\n"):
-                lines[-1] += "\n\\ No newline at end of file\n"
-        header = [f"diff --git a/{rel} b/{rel}\n"]
-        if a_path is None:
-            header.append("new file mode 100644\n")
-        elif b_path is None:
-            header.append("deleted file mode 100644\n")
-        diff = difflib.unified_diff(
-            a,
-            b,
-            fromfile="/dev/null" if a_path is None else f"a/{rel}",
-            tofile="/dev/null" if b_path is None else f"b/{rel}",
-        )
-        out.append("".join(header) + "".join(diff))
-    return "".join(out)
+def engine_seed(seed: int, invocation: int) -> int:
+    """The engine's seed in the `invocation`-th invocation that plays episodes into one OUT. The
+    engine keys a request's draws by (seed, request number), and request numbers restart with
+    each engine: a resumed run on the same seed would replay the first run's draws."""
+    if invocation == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(invocation)]).generate_state(1)[0])
 
 
 # Episodes -----------------------------------------------------------------------------------
@@ -174,27 +167,84 @@ class EpisodeLog:
             self.records[(record["task_id"], record["sample"])] = record
 
 
-def _scripted_episodes(tasks_and_samples, policy: str, work: Path, opts: RunOptions, done):
-    """Plays scripted episodes (c2.envs.episode.run_episode) and grades each; `done(record)`."""
+def _error(where: str, e: BaseException) -> str:
+    return f"{where}: {type(e).__name__}: {e}"
+
+
+def _patch(task, workspace: Path) -> str:
+    """The episode's patch; "" when the workspace is gone or unreadable (never fails a run)."""
+    if not workspace.is_dir():
+        return ""
+    try:
+        return workspace_patch(task.workspace_dir, workspace)
+    except OSError as e:
+        log.warning("no patch for %s: %s", workspace.name, e)
+        return ""
+
+
+def failed_record(task, j: int, episode_id: str, reason: str, ep=None) -> dict:
+    """The record of an episode the harness could not play or grade: a failure, with its
+    reason (and what the episode did, when it got that far)."""
+    return {
+        "task_id": task.task_id,
+        "sample": j,
+        "episode_id": episode_id,
+        "passed": False,
+        "failure_reason": reason,
+        "stop_reason": ERROR_STOP,
+        "correctness": _correctness({}),
+        "quality": _quality({"available": False}),
+        "efficiency": {
+            "generated_tokens": ep.model_tokens if ep else 0,
+            "context_tokens": None,
+            "turns": ep.turns if ep else 0,
+            "tool_calls": ep.tool_calls if ep else 0,
+            "wall_s": round(ep.wall_s, 3) if ep else None,
+        },
+        "interaction": {
+            "submitted": bool(ep and ep.submitted),
+            "final_message": bool(ep and ep.final_message),
+            "invalid_tool_calls": ep.invalid_tool_calls if ep else 0,
+            "tool_errors": ep.tool_errors if ep else 0,
+            "sandbox_limits_hit": [],
+        },
+        "flops": 0.0,
+        "patch": "",
+    }
+
+
+def _scripted_episodes(tasks_and_samples, policy: str, work: Path, opts: RunOptions, done, sandbox):
+    """Plays scripted episodes (c2.envs.episode.run_episode) and grades each; `done(record)`.
+    An attempt whose episode or grading raises is played again (`opts.max_attempts` in all),
+    then recorded as a failure with the last error."""
     from c2.envs.agents import AGENTS
     from c2.envs.episode import EpisodeConfig, run_episode
     from c2.envs.grading import grade
-    from c2.envs.sandbox import Sandbox
+    from c2.envs.sandbox import SandboxLimits
 
-    sandbox = Sandbox()
     make_policy = AGENTS[policy]
 
-    def one(task, j: int) -> dict:
-        episode_id = f"{task.task_id}-{j}"
+    def attempt(task, j: int, episode_id: str) -> dict:
         shutil.rmtree(work / episode_id, ignore_errors=True)  # left by a killed run
-        ep = run_episode(
-            task, make_policy(task), sandbox, work, EpisodeConfig(), episode_id=episode_id
-        )
+        limit = command_timeout_s(task, opts.run_timeout_s)
+        config = EpisodeConfig(run_limits=SandboxLimits(timeout_s=limit), max_run_timeout_s=limit)
         try:
-            g = grade(task, ep.workspace, sandbox, ep)
-            patch = workspace_patch(task.workspace_dir, ep.workspace)
+            try:
+                ep = run_episode(
+                    task, make_policy(task), sandbox, work, config, episode_id=episode_id
+                )
+            except Exception as e:  # noqa: BLE001 - one task's failure is that task's result
+                return failed_record(task, j, episode_id, _error("episode", e))
+            try:
+                g = grade(task, ep.workspace, sandbox, ep)
+            except Exception as e:  # noqa: BLE001
+                return failed_record(task, j, episode_id, _error("grading", e), ep)
+            patch = _patch(task, ep.workspace)
         finally:
-            shutil.rmtree(ep.workspace, ignore_errors=True)
+            shutil.rmtree(work / episode_id, ignore_errors=True)
+            if task.container is not None:  # the workspace is gone: so is its container
+                with contextlib.suppress(Exception):
+                    task.sandbox(sandbox).collect_garbage()
         return {
             "task_id": task.task_id,
             "sample": j,
@@ -222,29 +272,27 @@ def _scripted_episodes(tasks_and_samples, policy: str, work: Path, opts: RunOpti
             "patch": patch,
         }
 
+    def one(task, j: int) -> dict:
+        for k in range(opts.max_attempts):
+            episode_id = f"{task.task_id}-{j}" + (f"-retry{k}" if k else "")
+            record = attempt(task, j, episode_id)
+            if record["stop_reason"] != ERROR_STOP:
+                break
+            log.warning("episode %s failed (%s)", episode_id, record["failure_reason"])
+        return record
+
     with cf.ThreadPoolExecutor(max(1, opts.workers), thread_name_prefix="episode") as ex:
         futures = [ex.submit(one, t, j) for t, j in tasks_and_samples]
         for f in cf.as_completed(futures):
             done(f.result())
 
 
-def _correctness(c: dict) -> dict:
-    keys = ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
-    return {k: c.get(k) for k in keys}
-
-
-def _quality(q: dict) -> dict:
-    return {
-        "ruff_available": q.get("available", True),
-        "new_findings": q.get("new_findings"),
-        "changed_py_files": q.get("changed_py_files", []),
-    }
-
-
-def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done):
-    """Plays model episodes on one engine (c2.rl.episodes.EpisodeRunner), grades, `done`."""
+def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done, sandbox, seed):
+    """Plays model episodes on one engine (c2.rl.episodes.EpisodeRunner), grades, `done`. The
+    runner gives every command one limit, so tasks play in groups of equal command limits (one
+    group for a generated task set) on the same engine. An episode that fails every attempt
+    comes back as a failed sample (stop reason "rollout_error", its error in failure_reason)."""
     from c2.data.chat import AgentChat
-    from c2.envs.sandbox import Sandbox
     from c2.infer.engine import Engine
     from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
 
@@ -262,7 +310,7 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
         temperature=opts.temperature,
         top_p=opts.top_p,
         top_k=opts.top_k,
-        seed=opts.seed,
+        seed=seed,
         stop_tokens=(chat.im_end,),
     )
     rollout = RolloutConfig(
@@ -273,236 +321,117 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
         top_p=opts.top_p,
         top_k=opts.top_k,
         tool_workers=opts.tool_workers,
-        run_timeout_s=opts.run_timeout_s,
         keep_workspaces=True,  # for the patch; removed once it is taken
+        max_attempts=opts.max_attempts,
         context_management=opts.context_management,
         summary_trigger=opts.summary_trigger,
         summary_max_tokens=opts.summary_max_tokens,
         max_segments=opts.max_segments,
     )
-    runner = EpisodeRunner(engine, chat, Sandbox(), work, rollout)
     by_id = {t.task_id: t for t, _ in tasks_and_samples}
     flops_per_token = model.forward_flops_per_token
 
     def finished(s) -> None:
-        task = by_id[s.task_id]
-        workspace = work / s.info["episode_id"]
-        patch = workspace_patch(task.workspace_dir, workspace) if workspace.is_dir() else ""
+        task, info = by_id[s.task_id], s.info
+        workspace = work / info["episode_id"]
+        patch = _patch(task, workspace)
         shutil.rmtree(workspace, ignore_errors=True)
-        info = s.info
-        done(
-            {
-                "task_id": s.task_id,
-                "sample": s.sample_index,
-                "episode_id": info["episode_id"],
-                "passed": bool(s.passed),
-                "failure_reason": s.failure_reason,
-                "stop_reason": s.stop_reason,
-                "correctness": _correctness(info.get("correctness", {})),
-                "quality": _quality(info.get("quality", {"new_findings": None})),
-                "efficiency": {
-                    "generated_tokens": sum(x.generated_tokens for x in s.chain),
-                    "context_tokens": sum(x.length for x in s.chain),  # every segment's
-                    "turns": info.get("turns", 0),
-                    "tool_calls": info.get("tool_calls", 0),
-                    "wall_s": info.get("wall_s"),
-                },
-                "interaction": {
-                    "submitted": s.stop_reason == "submit",
-                    "final_message": bool(info.get("final_message")),
-                    "invalid_tool_calls": info.get("invalid_tool_calls", 0),
-                    "tool_errors": info.get("tool_errors", 0),
-                    "sandbox_limits_hit": info.get("sandbox_limits_hit", []),
-                },
-                # Every id of the episode goes through the model once (KV cached).
-                "flops": flops_per_token * sum(x.length for x in s.chain),
-                "patch": patch,
-                # What the model read and wrote: each segment's ids decoded (specials as text).
-                "transcript": [chat.tokenizer.decode(x.tokens) for x in s.chain],
-            }
-        )
+        if task.container is not None:  # the workspace is gone: so is its container
+            with contextlib.suppress(Exception):
+                task.sandbox(sandbox).collect_garbage()
+        done(_model_record(s, info, patch, flops_per_token, chat))
 
-    requests = [EpisodeRequest(t, t.task_id, t.task_id, j) for t, j in tasks_and_samples]
-    runner.run(requests, on_sample=finished)
+    groups = defaultdict(list)
+    for t, j in tasks_and_samples:
+        groups[command_timeout_s(t, opts.run_timeout_s)].append((t, j))
+    for limit, group in sorted(groups.items()):
+        config = dataclasses.replace(rollout, run_timeout_s=limit)
+        runner = EpisodeRunner(engine, chat, sandbox, work, config)
+        runner.run([EpisodeRequest(t, t.task_id, t.task_id, j) for t, j in group], finished)
 
 
-# Results ------------------------------------------------------------------------------------
-
-
-def ks_for(n: int) -> list[int]:
-    """1, 2, 4, ... up to n, and n itself."""
-    ks = [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
-    return ks if not ks or ks[-1] == n else ks + [n]
-
-
-def _interval(values: Sequence[float]) -> dict:
-    v = np.asarray(values, float)
-    mean = float(v.mean())
-    half = Z95 * float(v.std(ddof=1)) / math.sqrt(len(v)) if len(v) > 1 else 0.0
-    return {"mean": mean, "ci95": [mean - half, mean + half]}
-
-
-def _mean(xs) -> float | None:
-    xs = [float(x) for x in xs if x is not None]
-    return float(np.mean(xs)) if xs else None
-
-
-def _dimensions(eps: list[dict]) -> dict:
-    def rate(num, den):
-        d = sum(e["correctness"][den] or 0 for e in eps)
-        return sum(e["correctness"][num] or 0 for e in eps) / d if d else None
-
+def _model_record(s, info: dict, patch: str, flops_per_token: float, chat) -> dict:
     return {
-        "correctness": {
-            "pass_rate": _mean(e["passed"] for e in eps),
-            "f2p_rate": rate("f2p_passed", "f2p_total"),
-            "p2p_rate": rate("p2p_passed", "p2p_total"),
-            "tests_error_rate": _mean(bool(e["correctness"]["tests_error"]) for e in eps),
-        },
-        "quality": {"new_ruff_findings_mean": _mean(e["quality"]["new_findings"] for e in eps)},
+        "task_id": s.task_id,
+        "sample": s.sample_index,
+        "episode_id": info["episode_id"],
+        "passed": bool(s.passed),
+        "failure_reason": s.failure_reason,
+        "stop_reason": s.stop_reason,
+        "correctness": _correctness(info.get("correctness", {})),
+        "quality": _quality(info.get("quality", {"new_findings": None})),
         "efficiency": {
-            k + "_mean": _mean(e["efficiency"][k] for e in eps)
-            for k in ("generated_tokens", "context_tokens", "turns", "tool_calls", "wall_s")
+            "generated_tokens": sum(x.generated_tokens for x in s.chain),
+            "context_tokens": sum(x.length for x in s.chain),  # every segment's
+            "turns": info.get("turns", 0),
+            "tool_calls": info.get("tool_calls", 0),
+            "wall_s": info.get("wall_s"),
         },
         "interaction": {
-            "submitted_rate": _mean(e["interaction"]["submitted"] for e in eps),
-            "final_message_rate": _mean(e["interaction"]["final_message"] for e in eps),
-            "invalid_tool_calls_mean": _mean(e["interaction"]["invalid_tool_calls"] for e in eps),
-            "tool_errors_mean": _mean(e["interaction"]["tool_errors"] for e in eps),
-            "sandbox_limit_rate": _mean(bool(e["interaction"]["sandbox_limits_hit"]) for e in eps),
+            "submitted": s.stop_reason == "submit",
+            "final_message": bool(info.get("final_message")),
+            "invalid_tool_calls": info.get("invalid_tool_calls", 0),
+            "tool_errors": info.get("tool_errors", 0),
+            "sandbox_limits_hit": info.get("sandbox_limits_hit", []),
         },
+        # Every id of the episode goes through the model once (KV cached).
+        "flops": flops_per_token * sum(x.length for x in s.chain),
+        "patch": patch,
+        # What the model read and wrote: each segment's ids decoded (specials as text).
+        "transcript": [chat.tokenizer.decode(x.tokens) for x in s.chain],
     }
 
 
-def summarize(records: Sequence[dict], task_ids: Sequence[str], n: int) -> dict:
-    """results.json's body from the episode records of samples 0..n-1 of every task."""
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        if r["sample"] < n:
-            by_task[r["task_id"]].append(r)
-    missing = [t for t in task_ids if len(by_task[t]) != n]
-    if missing:
-        raise ValueError(f"summarize: tasks without {n} finished episodes: {missing[:5]}")
-    ks = ks_for(n)
-    per_task = {}
-    for t in task_ids:
-        eps = sorted(by_task[t], key=lambda r: r["sample"])
-        c = sum(e["passed"] for e in eps)
-        per_task[t] = {
-            "n": n,
-            "correct": c,
-            "pass@k": {str(k): pass_at_k(n, c, k) for k in ks},
-            f"best_of_{n}": float(c > 0),
-            **_dimensions(eps),
-            "generated_tokens": int(sum(e["efficiency"]["generated_tokens"] or 0 for e in eps)),
-            "flops": float(sum(e["flops"] for e in eps)),
-            "wall_s": float(sum(e["efficiency"]["wall_s"] or 0.0 for e in eps)),
-        }
-    every = [e for t in task_ids for e in by_task[t]]
-    overall = {
-        "tasks": len(task_ids),
-        "episodes": len(every),
-        "pass@k": {
-            str(k): _interval([per_task[t]["pass@k"][str(k)] for t in task_ids]) for k in ks
-        },
-        f"best_of_{n}": _interval([per_task[t][f"best_of_{n}"] for t in task_ids]),
-        **_dimensions(every),
-        "generated_tokens": sum(per_task[t]["generated_tokens"] for t in task_ids),
-        "flops": sum(per_task[t]["flops"] for t in task_ids),
-        "wall_s": sum(per_task[t]["wall_s"] for t in task_ids),
+def _correctness(c: dict) -> dict:
+    keys = ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
+    return {k: c.get(k) for k in keys}
+
+
+def _quality(q: dict) -> dict:
+    return {
+        "ruff_available": q.get("available", True),
+        "new_findings": q.get("new_findings"),
+        "changed_py_files": q.get("changed_py_files", []),
     }
-    return {"samples": n, "ks": ks, "overall": overall, "per_task": per_task}
-
-
-def write_predictions(path: Path, records: Sequence[dict], task_ids, model_name: str) -> None:
-    by_key = {(r["task_id"], r["sample"]): r for r in records}
-    with open(path, "w") as f:
-        for t in task_ids:
-            patch = by_key[(t, 0)]["patch"]
-            line = {"instance_id": t, "model_name_or_path": model_name, "model_patch": patch}
-            f.write(json.dumps(line) + "\n")
-
-
-def _plots(results: dict, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ks = results["ks"]
-    o = results["overall"]["pass@k"]
-    mean = [o[str(k)]["mean"] for k in ks]
-    lo = [o[str(k)]["ci95"][0] for k in ks]
-    hi = [o[str(k)]["ci95"][1] for k in ks]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(ks, mean, "o-")
-    ax.fill_between(ks, lo, hi, alpha=0.25, label="95% interval over tasks")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(ks, [str(k) for k in ks])
-    ax.set_ylim(-0.02, 1.02)
-    ax.set(xlabel="k", ylabel="pass@k", title=f"pass@k: {results['policy']}")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "passk.png", dpi=110)
-    plt.close(fig)
-    per = results["per_task"]
-    names = list(per)
-    fig, ax = plt.subplots(figsize=(max(5, 0.25 * len(names)), 3.5))
-    ax.bar(range(len(names)), [per[t]["pass@k"]["1"] for t in names])
-    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
-    ax.set_ylim(0, 1.02)
-    ax.set(ylabel="pass@1", title="pass@1 per task")
-    fig.tight_layout()
-    fig.savefig(out / "per_task.png", dpi=110)
-    plt.close(fig)
-    return ["passk.png", "per_task.png"]
-
-
-def _fmt(x, digits=3) -> str:
-    return "-" if x is None else f"{x:.{digits}f}" if isinstance(x, float) else str(x)
-
-
-def write_report(results: dict, out: Path) -> Path:
-    plots = _plots(results, out)
-    o, n = results["overall"], results["samples"]
-    lines = [
-        f"# Benchmark: {results['policy']}",
-        "",
-        f"Tasks `{results['tasks_dir']}`: {o['tasks']} tasks x {n} samples = {o['episodes']} "
-        f"episodes; isolation: {results.get('isolation', '-')}.",
-        "",
-        "| k | pass@k | 95% interval |",
-        "|---|---|---|",
-    ]
-    for k in results["ks"]:
-        p = o["pass@k"][str(k)]
-        lines.append(f"| {k} | {p['mean']:.3f} | [{p['ci95'][0]:.3f}, {p['ci95'][1]:.3f}] |")
-    lines += ["", f"best-of-{n}: {o[f'best_of_{n}']['mean']:.3f}", "", "## Grading dimensions", ""]
-    lines += ["| dimension | measure | value |", "|---|---|---|"]
-    for dim in DIMENSIONS:
-        for k, v in o[dim].items():
-            lines.append(f"| {dim} | {k} | {_fmt(v)} |")
-    lines += [
-        "",
-        f"Generated tokens {o['generated_tokens']}, forward FLOPs {o['flops']:.3g}, "
-        f"episode wall time {o['wall_s']:.1f} s (summed).",
-        "",
-        "## Per task",
-        "",
-        "| task | correct | pass@1 | tokens |",
-        "|---|---|---|---|",
-    ]
-    for t, r in results["per_task"].items():
-        lines.append(
-            f"| {t} | {r['correct']}/{n} | {r['pass@k']['1']:.3f} | {r['generated_tokens']} |"
-        )
-    lines += [""] + [f"![{p}]({p})" for p in plots] + [""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
 
 
 # The run ------------------------------------------------------------------------------------
+
+
+def check_resume(before: dict, meta: dict, options: RunOptions, out: Path) -> None:
+    """Raises ValueError when OUT's episodes were played with other settings than this run's
+    (naming the field, the recorded and the new value): their samples would not be draws of one
+    distribution. Fields run.json lacks (added to c2 since) read as their defaults."""
+    recorded = before.get("options", {})
+    settings = {k: (before.get(k), v) for k, v in meta.items()}
+    names = (
+        SCRIPTED_FIELDS
+        if meta["policy"] in SCRIPTED
+        else [f.name for f in dataclasses.fields(RunOptions) if f.name not in THROUGHPUT_FIELDS]
+    )
+    default = RunOptions()
+    for name in names:
+        settings[name] = (recorded.get(name, getattr(default, name)), getattr(options, name))
+    for name, (old, new) in settings.items():
+        if old != new:
+            raise ValueError(
+                f"{out} holds episodes played with {name}={old!r}, not {new!r}: resume with "
+                f"--{'tasks' if name == 'tasks_dir' else name}={old} or use another --out"
+            )
+
+
+def _record_run(out: Path, meta: dict, options: RunOptions) -> int:
+    """Checks OUT/run.json against this run and rewrites it; returns this invocation's index
+    (how many invocations ran on OUT before: a run.json without the count, one)."""
+    path = out / RUN_META
+    invocation = 0
+    if path.is_file():
+        before = json.loads(path.read_text())
+        check_resume(before, meta, options, out)
+        invocation = int(before.get("invocations", 1))
+    record = meta | {"options": dataclasses.asdict(options), "invocations": invocation + 1}
+    path.write_text(json.dumps(record, indent=2))
+    return invocation
 
 
 def run(
@@ -514,10 +443,11 @@ def run(
     *,
     progress: bool = True,
     load: Callable | None = None,
+    sandbox=None,
 ) -> dict:
     """Plays what OUT/episodes.jsonl lacks, then writes results.json, predictions.jsonl and
-    report.md; returns the results."""
-    from c2.envs.sandbox import Sandbox
+    report.md; returns the results. `sandbox`: what runs the tasks that run in bubblewrap
+    (default: a new Sandbox)."""
     from c2.envs.tasks import load_tasks
 
     if samples < 1:
@@ -530,26 +460,14 @@ def run(
     if dup:
         raise ValueError(f"{tasks_dir}: task ids occur more than once: {dup[:5]}")
     meta = {"policy": policy, "tasks_dir": str(Path(tasks_dir).resolve())}
-    meta_path = out / RUN_META
-    if meta_path.is_file():
-        before = json.loads(meta_path.read_text())
-        for k, v in meta.items():
-            if before.get(k) != v:
-                raise ValueError(
-                    f"{out} holds episodes of {k}={before.get(k)!r}, not {v!r}: use another --out"
-                )
-    meta_path.write_text(json.dumps(meta | {"options": dataclasses.asdict(options)}, indent=2))
+    invocation = _record_run(out, meta, options)
     episodes = EpisodeLog(out / EPISODES)
     todo = [(t, j) for t in tasks for j in range(samples) if (t.task_id, j) not in episodes.records]
     log.info("%d of %d episodes to play", len(todo), len(tasks) * samples)
-    model_name = policy
-    sandbox = Sandbox()
+    sandbox = sandbox if sandbox is not None else default_sandbox(tasks)
     if todo:
-        if not sandbox.isolated:
-            raise RuntimeError(
-                "episodes need a namespace sandbox; this machine has "
-                f"{sandbox.isolation.describe()}"
-            )
+        check_isolation(tasks, sandbox)
+        default = sandbox if "bwrap" in task_backends(tasks) else ContainersOnly(sandbox.limits)
         work = out / "work"
         work.mkdir(exist_ok=True)
         bar = tqdm(total=len(todo), desc=f"{policy} episodes", disable=not progress)
@@ -564,23 +482,31 @@ def run(
         t0 = time.perf_counter()
         try:
             if policy in SCRIPTED:
-                _scripted_episodes(todo, policy, work, options, done)
+                _scripted_episodes(todo, policy, work, options, done, default)
             else:
                 from c2.eval.models import load_model
 
                 model = (load or load_model)(policy)
-                _model_episodes(todo, model, work, options, done)
+                seed = engine_seed(options.seed, invocation)
+                _model_episodes(todo, model, work, options, done, default, seed)
         finally:
             bar.close()
         log.info("played %d episodes in %.1f s", len(todo), time.perf_counter() - t0)
         shutil.rmtree(work, ignore_errors=True)
     records = list(episodes.records.values())
     results = {**meta, **summarize(records, ids, samples)}
-    results["isolation"] = sandbox.isolation.describe()
+    results["isolation"] = describe_isolation(tasks, sandbox)
     (out / RESULTS).write_text(json.dumps(results, indent=2))
-    write_predictions(out / PREDICTIONS, records, ids, model_name)
+    write_predictions(out / PREDICTIONS, records, ids, policy)
     write_report(results, out)
     return results
+
+
+FLAG_HELP = {
+    "run_timeout_s": "seconds one agent command may run; 0 (default): each task's own limit",
+    "max_attempts": "plays of an episode whose play or grading raises before it counts failed",
+    "seed": "the engine's sampling seed (a resumed run draws from a seed derived from it)",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -598,19 +524,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = RunOptions()
     for f in dataclasses.fields(RunOptions):
         parser.add_argument(
-            f"--{f.name}", type=type(getattr(d, f.name)), default=getattr(d, f.name)
+            f"--{f.name}",
+            type=type(getattr(d, f.name)),
+            default=getattr(d, f.name),
+            help=FLAG_HELP.get(f.name),
         )
     parser.add_argument("--no_progress", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("c2").setLevel(logging.INFO)
-    options = RunOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions)})
     try:
+        fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions)}
         results = run(
-            args.tasks, args.policy, args.samples, args.out, options, progress=not args.no_progress
+            args.tasks,
+            args.policy,
+            args.samples,
+            args.out,
+            RunOptions(**fields),
+            progress=not args.no_progress,
         )
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
+    except IsolationMissing as e:
+        parser.exit(1, f"{parser.prog}: {e}\n")
     o = results["overall"]
     brief = {"pass@k": {k: v["mean"] for k, v in o["pass@k"].items()}, "tasks": o["tasks"]}
     print(json.dumps({"policy": args.policy, **brief, "out": args.out}))

@@ -21,8 +21,14 @@ Each candidate is a c2 workdir (a stage's or a pipeline's: its last stage) or `h
    candidate (c2 workdirs only: OUT/fresh_api/cpt_<i>); the gain is what the candidate learns
    from the new corpus.
 
-Ranking: codebase bits per byte (lower first), then state-tracking distance, then fresh-API
-accuracy after CPT. OUT/selection.json and OUT/selection.md.
+Ranking: each measure ranks the candidates on its own (1 = best; equal values share the mean of
+their places): codebase bits per byte (lower first); state tracking by distance (higher first),
+then the answers' mean bits per byte over the depths (lower first: it separates small models
+whose distance is equal); fresh API by accuracy (higher first), then the answers' bits per byte,
+after CPT when every candidate has an after-measure, else before for all (like with like). The
+selection orders by the mean of the three ranks (a Borda count: no measure's units or scale
+weigh in), ties by bits per byte. Each row keeps its `ranks` and `mean_rank`.
+OUT/selection.json and OUT/selection.md.
 """
 
 from __future__ import annotations
@@ -296,9 +302,57 @@ def evaluate_candidate(spec: str, index: int, opts: SelectOptions, out: Path, ap
     return row
 
 
-def _rank_key(row: dict):
-    api = row["fresh_api"].get("after") or row["fresh_api"]["before"]
-    return (row["codebase"]["bpb"], -row["state_tracking"]["distance"], -api["accuracy"])
+MEASURES = ("codebase", "state_tracking", "fresh_api")
+
+
+def measure_keys(rows: Sequence[dict]) -> dict[str, list[tuple]]:
+    """Per measure, each row's sort key (smaller is better), as the module doc says."""
+    phase = "after" if all(r["fresh_api"].get("after") for r in rows) else "before"
+
+    def state(r):
+        per_depth = r["state_tracking"]["per_depth"].values()
+        return (
+            -r["state_tracking"]["distance"],
+            float(np.mean([d["answer_bpb"] for d in per_depth])),
+        )
+
+    def api(r):
+        a = r["fresh_api"][phase]
+        return (-a["accuracy"], a["answer_bpb"])
+
+    return {
+        "codebase": [(r["codebase"]["bpb"],) for r in rows],
+        "state_tracking": [state(r) for r in rows],
+        "fresh_api": [api(r) for r in rows],
+    }
+
+
+def _places(keys: Sequence[tuple]) -> list[float]:
+    """1-based ranks of keys (smaller first); equal keys share the mean of their places."""
+    order = sorted(range(len(keys)), key=lambda i: keys[i])
+    out = [0.0] * len(keys)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and keys[order[j + 1]] == keys[order[i]]:
+            j += 1
+        for k in order[i : j + 1]:
+            out[k] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def rank_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows ordered best first by mean rank over the three measures (ties: bits per byte),
+    each with its per-measure `ranks`, `mean_rank` and final `rank`."""
+    places = {m: _places(keys) for m, keys in measure_keys(rows).items()}
+    for i, row in enumerate(rows):
+        row["ranks"] = {m: places[m][i] for m in MEASURES}
+        row["mean_rank"] = float(np.mean(list(row["ranks"].values())))
+    ranked = sorted(rows, key=lambda r: (r["mean_rank"], r["codebase"]["bpb"]))
+    for rank, row in enumerate(ranked, 1):
+        row["rank"] = rank
+    return ranked
 
 
 def select(candidates: Sequence[str], out: str | Path, opts: SelectOptions = SelectOptions()):
@@ -314,9 +368,7 @@ def select(candidates: Sequence[str], out: str | Path, opts: SelectOptions = Sel
         evaluate_candidate(c, i, opts, out / "fresh_api", api, corpus)
         for i, c in enumerate(candidates)
     ]
-    ranked = sorted(rows, key=_rank_key)
-    for rank, row in enumerate(ranked, 1):
-        row["rank"] = rank
+    ranked = rank_rows(rows)
     result = {"options": dataclasses.asdict(opts), "rows": ranked}
     (out / "selection.json").write_text(json.dumps(result, indent=2))
     _write_md(result, out)
@@ -327,17 +379,22 @@ def _write_md(result: dict, out: Path) -> None:
     lines = [
         "# Base-model selection",
         "",
-        "| rank | candidate | codebase bits/byte | state-tracking distance | "
+        "Ordered by the mean of each measure's rank (in brackets).",
+        "",
+        "| rank | mean rank | candidate | codebase bits/byte | state-tracking distance | "
         "fresh-API accuracy before | after CPT |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         after = r["fresh_api"].get("after")
         after_cell = f"{after['accuracy']:.2f}" if after else "-"
+        ranks = r["ranks"]
         lines.append(
-            f"| {r['rank']} | {r['candidate']} | {r['codebase']['bpb']:.3f} | "
-            f"{r['state_tracking']['distance']} | {r['fresh_api']['before']['accuracy']:.2f} | "
-            f"{after_cell} |"
+            f"| {r['rank']} | {r['mean_rank']:.2f} | {r['candidate']} | "
+            f"{r['codebase']['bpb']:.3f} ({ranks['codebase']:g}) | "
+            f"{r['state_tracking']['distance']} ({ranks['state_tracking']:g}) | "
+            f"{r['fresh_api']['before']['accuracy']:.2f} | {after_cell} "
+            f"({ranks['fresh_api']:g}) |"
         )
     lines += ["", "State tracking per depth (accuracy / answer bits per byte):", ""]
     depths = result["options"]["depths"]
@@ -378,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
     for r in rows:
-        brief = {"rank": r["rank"], "candidate": r["candidate"], "bpb": r["codebase"]["bpb"]}
+        brief = {"rank": r["rank"], "mean_rank": r["mean_rank"], "candidate": r["candidate"]}
+        brief["bpb"] = r["codebase"]["bpb"]
         print(json.dumps(brief | {"state_distance": r["state_tracking"]["distance"]}))
     return 0
 

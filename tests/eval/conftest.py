@@ -1,6 +1,60 @@
-"""Shared fixtures of the evaluation tests."""
+"""Shared fixtures of the evaluation tests.
+
+Tests that play episodes need what their tasks run in (bubblewrap namespaces, a container
+engine): without it they skip on a developer's machine but fail in CI (the `CI` environment
+variable, which CI services set), as tests/envs/conftest.py does for the sandbox: there a missing
+backend must not quietly remove the tests that check the runner.
+"""
+
+import os
 
 import pytest
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def missing(what: str) -> None:
+    """Skip locally; fail in CI, naming what is missing."""
+    if in_ci():
+        pytest.fail(f"CI={os.environ['CI']} expects it: {what}", pytrace=False)
+    pytest.skip(what)
+
+
+@pytest.fixture(scope="session")
+def missing_backend():
+    """missing_backend(what): skip here, fail in CI."""
+    return missing
+
+
+@pytest.fixture(scope="session")
+def sandbox_ok():
+    """A namespace sandbox (bubblewrap): skipped here without one, failed in CI."""
+    from c2.envs.sandbox import Sandbox
+
+    sb = Sandbox()
+    if not sb.isolated:
+        missing(
+            "episodes need a namespace sandbox (`make setup` installs bubblewrap as root); this "
+            f"machine has {sb.isolation.describe()}"
+        )
+    return sb
+
+
+@pytest.fixture(scope="session")
+def podman_base():
+    """The local base image container tasks build on (podman, and the base `.ci/run` builds):
+    skipped here without them, failed in CI."""
+    from c2.envs.container import BASE_IMAGES, engine_available, image_exists
+
+    why = engine_available("podman")
+    if why is not None:
+        missing(f"the container backend: {why}")
+    for base in (BASE_IMAGES["debian:bookworm-slim"], "localhost/c2-base:bookworm-min"):
+        if image_exists(base):
+            return base
+    missing("no local base image (python -m c2.envs.container base localhost/c2-base:bookworm-min)")
 
 
 def _untrained_workdir(path, **overrides):

@@ -66,14 +66,6 @@ def test_refusals_name_what_is_wrong():
         ablate.set_field(c, "rl.objective.nope", 1)
 
 
-@pytest.fixture(scope="module")
-def sandbox_ok():
-    from c2.envs.sandbox import Sandbox
-
-    if not Sandbox().isolated:
-        pytest.skip("needs a namespace sandbox")
-
-
 @pytest.mark.slow
 def test_two_ablations_one_seed_table_and_no_retraining(tmp_path, sandbox_ok):
     out = tmp_path / "abl"

@@ -1,5 +1,6 @@
 """Base-model selection (c2/eval/select.py): the measures separate a trained from an untrained
-checkpoint, and the generated programs and questions say what they claim."""
+checkpoint, the ranking combines all three (mean rank), and the generated programs and questions
+say what they claim."""
 
 import json
 import random
@@ -92,6 +93,9 @@ def test_the_measures_separate_trained_from_untrained(workdirs, tmp_path):
     t, u = by[trained], by[untrained]
     assert [r["candidate"] for r in rows] == [trained, untrained]  # the trained one ranks first
     assert t["rank"] == 1 and u["rank"] == 2
+    assert t["ranks"]["codebase"] == 1 and t["ranks"]["state_tracking"] == 1
+    for r in (t, u):
+        assert r["mean_rank"] == pytest.approx(sum(r["ranks"].values()) / 3)
     assert t["codebase"]["bpb"] < u["codebase"]["bpb"]  # ~8.3 untrained
     for d in ("1", "2"):  # the trained model puts more mass on the right final values
         assert (
@@ -102,4 +106,48 @@ def test_the_measures_separate_trained_from_untrained(workdirs, tmp_path):
     assert after["answer_bpb"] < t["fresh_api"]["before"]["answer_bpb"]
     saved = json.loads((tmp_path / "out" / "selection.json").read_text())
     assert [r["candidate"] for r in saved["rows"]] == [trained, untrained]
-    assert "| 1 | " + trained in (tmp_path / "out" / "selection.md").read_text()
+    md = (tmp_path / "out" / "selection.md").read_text()
+    assert f"| 1 | {t['mean_rank']:.2f} | {trained} |" in md
+
+
+def _row(name, bpb, distance, answer_bpb, before, after):
+    """A candidate's measures: fresh-API (accuracy, answer bits/byte) before and after CPT."""
+    return {
+        "candidate": name,
+        "codebase": {"bpb": bpb},
+        "state_tracking": {
+            "distance": distance,
+            "per_depth": {"1": {"answer_bpb": answer_bpb}, "2": {"answer_bpb": answer_bpb}},
+        },
+        "fresh_api": {
+            "before": {"accuracy": before[0], "answer_bpb": before[1]},
+            "after": after and {"accuracy": after[0], "answer_bpb": after[1]},
+        },
+    }
+
+
+def test_the_ranking_combines_the_three_measures_by_mean_rank():
+    """Bits per byte alone orders A, B, C; the measures together put B first (by hand below)."""
+    rows = [
+        _row("A", 1.0, 0, 3.0, (0.9, 0.5), (0.1, 2.0)),
+        _row("B", 1.2, 4, 1.0, (0.0, 3.0), (0.5, 1.0)),
+        _row("C", 1.5, 0, 2.0, (0.0, 3.0), (0.3, 1.5)),
+    ]
+    ranked = sel.rank_rows([dict(r) for r in rows])
+    by = {r["candidate"]: r for r in ranked}
+    # codebase A1 B2 C3; state B1 (distance 4), then at distance 0 C2 (2.0 bits/byte) A3;
+    # fresh API after CPT B1 C2 A3. Means: A 7/3, B 4/3, C 7/3; A and C tie, A has fewer bits.
+    assert by["A"]["ranks"] == {"codebase": 1, "state_tracking": 3, "fresh_api": 3}
+    assert by["C"]["ranks"] == {"codebase": 3, "state_tracking": 2, "fresh_api": 2}
+    assert [by[c]["mean_rank"] for c in "ABC"] == pytest.approx([7 / 3, 4 / 3, 7 / 3])
+    assert [r["candidate"] for r in ranked] == ["B", "A", "C"]
+    assert [r["rank"] for r in ranked] == [1, 2, 3]
+
+    # C has no after-measure (an hf: candidate): all compare before CPT, like with like. A is
+    # first there; B and C tie (0.0, 3.0) and share places 2 and 3. Means: A 5/3, B 11/6, C 5/2.
+    rows[2]["fresh_api"]["after"] = None
+    ranked = sel.rank_rows([dict(r) for r in rows])
+    by = {r["candidate"]: r for r in ranked}
+    assert [by[c]["ranks"]["fresh_api"] for c in "ABC"] == [1, 2.5, 2.5]
+    assert [by[c]["mean_rank"] for c in "ABC"] == pytest.approx([5 / 3, 11 / 6, 5 / 2])
+    assert [r["candidate"] for r in ranked] == ["A", "B", "C"]
