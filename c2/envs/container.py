@@ -32,7 +32,9 @@ max_output_bytes, a memory kill is the kernel's count for the container's cgroup
 workspace and the container's own writes are each measured against max_workspace_mb: the same
 SandboxResult fields as the bubblewrap backend (cpu_s and memory_peak_mb are not measured:
 None). A `readonly` run gets a fresh container of the image with the workspace mounted
-read-only (the pytest graders), removed before its results are read. A session's container is
+read-only (the pytest and functions graders: their pipes passed in with --preserve-fds, see
+container_run.py), removed before its results are read; the episode's container is stopped
+first where a process the agent left is still alive in it. A session's container is
 removed by `close(workdir)`, by `close()` (all; also at exit), or when the next session starts
 after its workspace was deleted.
 

@@ -23,6 +23,11 @@ and after the command: per command, where `podman inspect`'s `State.OOMKilled` i
 (and podman 4.3 with runc on cgroup v1 leaves it false after a kill: measured). An agent's own
 `kill -9 $$` is no memory limit.
 
+Grading's pipes (`run(pass_fds=...)`, grading_channel.py) go in with podman's --preserve-fds
+(as descriptors 3, 4, ...; docker has no such option and is refused), to a read-only run only:
+a fresh container, the command exec'd with no `timeout` above it (which would hold them where
+any process of the container could reopen them), the host stopping it at the time limit.
+
 The verifier (`run_verifier`; grading's Harbor test.sh) runs in the episode's container
 restarted: the restart ends every process the agent left (servers included), its filesystem
 stays (what the agent installed, as Harbor's tests expect). /tests and an empty /logs/verifier
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import resource
 import shlex
@@ -234,6 +240,16 @@ class ContainerSandbox:
 
     isolated = True
 
+    @property
+    def passes_fds(self) -> bool:
+        """Whether run(pass_fds=...) works: podman's --preserve-fds; `docker exec` has none."""
+        return self.engine == "podman"
+
+    @staticmethod
+    def inner_fds(fds: Sequence[int]) -> tuple[int, ...]:
+        """The numbers the command sees `run(pass_fds=fds)` under: 3, 4, ... in order."""
+        return tuple(range(3, 3 + len(fds)))
+
     def __init__(
         self,
         image: str,
@@ -370,14 +386,22 @@ class ContainerSandbox:
         binds: Sequence[tuple[str | os.PathLike, str, bool]] = (),
         env: dict[str, str] | None = None,
         python_env: str | os.PathLike | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> SandboxResult:
         """`command` in the episode's container (binds copied in before, writable ones copied
-        back after), or with `readonly` in a fresh container of the image with the workspace
-        read-only and binds mounted, removed (every process dead) before this returns."""
+        back after), or with `readonly` (grading) in a fresh container of the image with the
+        workspace read-only and binds mounted, removed (every process dead) before this
+        returns; the episode's container is stopped first where a process the agent left is
+        alive in it (it could still write the workspace). `pass_fds` (with `readonly`, podman):
+        the caller's descriptors, open in the command as `inner_fds(pass_fds)`; the command is
+        then exec'd without coreutils `timeout` (which would hold them, reopenable through its
+        /proc entry by any process in the container) and the host stops it at the time limit."""
         limits = limits or self.limits
         command, workdir = self._prepare(command, workdir, python_env)
+        _check_fds(pass_fds, readonly, self.engine)
         if readonly:
-            return self._run_fresh(command, workdir, limits, mount_at, binds, env)
+            self._end_leftovers(workdir)
+            return self._run_fresh(command, workdir, limits, mount_at, binds, env, pass_fds)
         c = self._session(workdir, mount_at, limits)
         copy_back = []
         for src, dst, writable in binds:
@@ -421,10 +445,21 @@ class ContainerSandbox:
                     self._copy_out(c.name, dst, Path(src))
         return result
 
-    def _run_fresh(self, command, workdir, limits, mount_at, binds, env) -> SandboxResult:
+    def _end_leftovers(self, workdir: Path) -> None:
+        """Stop the episode's container of `workdir` where a process the agent left is alive
+        (every process ends; its filesystem stays, and the next command starts it again)."""
+        with self._lock:
+            c = self._sessions.get(str(workdir))
+        if c is not None and c.running and not c.only_ours():
+            self._check([*self.cmd, "stop", "-t", "0", c.name])
+            c.running = False
+
+    def _run_fresh(self, command, workdir, limits, mount_at, binds, env, pass_fds=()):
         c = self._start(workdir, mount_at, limits, readonly=True, binds=binds)
         try:
-            return self._exec(c, command, limits, workdir, mount_at, env, check_disk=False)
+            return self._exec(
+                c, command, limits, workdir, mount_at, env, check_disk=False, pass_fds=pass_fds
+            )
         finally:
             self._remove(c.name)
 
@@ -461,15 +496,21 @@ class ContainerSandbox:
         if r.returncode != 0:
             raise SandboxError(f"{shlex.join(argv[-3:])}: {r.stderr.strip()[-300:]}")
 
-    def _exec(self, c: _Container, command, limits, workdir, mount_at, env, check_disk):
-        # coreutils timeout: TERM to the command's whole process group at the limit, KILL 2 s on.
-        inner = ["timeout", "-k", "2", f"{limits.timeout_s:g}", *command]
+    def _exec(
+        self, c: _Container, command, limits, workdir, mount_at, env, check_disk, pass_fds=()
+    ):
+        # coreutils timeout: TERM to the command's whole process group at the limit, KILL 2 s on
+        # (not with descriptors passed: run's doc).
+        inner = [] if pass_fds else ["timeout", "-k", "2", f"{limits.timeout_s:g}"]
         argv = [*self.cmd, "exec", "-w", mount_at]
+        if pass_fds:
+            argv += ["--preserve-fds", str(len(pass_fds))]
         for k, v in (env or {}).items():
             argv += ["-e", f"{k}={v}"]
         quota = limits.max_workspace_mb << 20
         ooms = _oom_kills(c.pid)
-        r = _Execution(argv + [c.name, *inner], limits, c.upper, quota).wait()
+        argv += [c.name, *inner, *command]
+        r = _Execution(argv, limits, c.upper, quota, pass_fds).wait()
         after = _oom_kills(c.pid)
         if r.stopped:  # killing the exec client does not reach inside: every process ends
             with contextlib.suppress(SandboxError, subprocess.TimeoutExpired):
@@ -502,21 +543,21 @@ class _Execution:
     """One `podman exec` watched from the host: output capped, a backstop deadline a few
     seconds past the `timeout` inside, the writable layer measured against its quota."""
 
-    def __init__(self, argv, limits: SandboxLimits, upper: Path | None, quota: int):
+    def __init__(self, argv, limits: SandboxLimits, upper: Path | None, quota: int, fds=()):
         self.argv, self.limits, self.upper, self.quota = argv, limits, upper, quota
+        self.fds = tuple(fds)
         self.hit: list[str] = []
         self.stopped = self.timed_out = False
 
     def wait(self) -> _Execution:
         cap = self.limits.max_output_bytes
         t0 = time.monotonic()
-        deadline = t0 + self.limits.timeout_s + 10  # the host's backstop behind `timeout`
+        # The host's backstop a few seconds behind `timeout`; the limit itself without it.
+        deadline = t0 + self.limits.timeout_s + (0 if self.fds else 10)
         next_quota = t0 + QUOTA_POLL_S
         overflow = over_quota = False
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=_conmon_cwd()
-            )
+            proc = _popen_with_fds(self.argv, self.fds, stdout=out, stderr=err)
             while proc.poll() is None:
                 time.sleep(0.05)
                 now = time.monotonic()
@@ -550,6 +591,41 @@ class _Execution:
         if over_quota:
             self.hit.append("disk")
         return self
+
+
+def _check_fds(fds: Sequence[int], readonly: bool, engine: str) -> None:
+    for fd in fds:
+        try:
+            os.fstat(fd)
+        except (OSError, TypeError) as e:
+            raise SandboxError(f"pass_fds: {fd!r} is not an open descriptor ({e})") from e
+    if fds and engine != "podman":
+        raise SandboxError(f"pass_fds: {engine} cannot pass descriptors (no --preserve-fds)")
+    if fds and not readonly:
+        raise SandboxError(
+            "pass_fds needs readonly=True: in the episode's container the agent's processes "
+            "could reopen them"
+        )
+    if len(fds) > 6:
+        raise SandboxError(f"pass_fds: {len(fds)} descriptors; at most 6")
+
+
+def _popen_with_fds(argv, fds, **kwargs) -> subprocess.Popen:
+    """`argv` started with `fds` as its descriptors 3, 4, ... (podman --preserve-fds passes
+    those numbers on): a bash that moves them there (from copies at 10 and up, so no move
+    overwrites another) and execs the podman client."""
+    kwargs |= {"stdin": subprocess.DEVNULL, "cwd": _conmon_cwd()}
+    if not fds:
+        return subprocess.Popen(argv, **kwargs)
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
+    moves = " ".join(f"{3 + i}>&{fd} {fd}>&-" for i, fd in enumerate(high))
+    try:
+        return subprocess.Popen(
+            ["bash", "-c", f'exec "$@" {moves}', "bash", *argv], pass_fds=high, **kwargs
+        )
+    finally:
+        for fd in high:
+            os.close(fd)
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -13,10 +13,13 @@ Outcomes the workspace cannot forge: the verdict is decided and sent by a proces
 workspace code, over a pipe only it holds (grading_channel.py); nothing is read back from a file
 the sandbox can write, and a test that never reports is failed, with the reason recorded.
 - "functions" grader (grading_runner.py): sound by construction. The trusted runner runs the
-  hidden tests and their assertions; workspace code runs in a worker process it forked first,
-  reached through proxies that bring back only plain literal data. Exit hooks, signal handlers,
-  monkeypatching, forked survivors, os._exit, a result whose __eq__ is always true: each only
-  fails the test (a dead or hung worker fails the call it was in, named in failure_reason).
+  hidden tests and their assertions; workspace code runs in worker processes forked from a
+  factory it forked first, reached through proxies that bring back only plain literal data.
+  Exit hooks, signal handlers, monkeypatching, forked survivors, os._exit, a result whose
+  __eq__ is always true: each only fails the test (a dead or hung worker fails the call it was
+  in, named in failure_reason). The hidden tests reach the runner on a pipe, read after the
+  factory was forked, and are mounted nowhere: no process running workspace code can read
+  them (from files, /proc, or memory it inherited) to return the values they assert.
 - pytest grader (grading_pytest.py + grading_plugin.py): tests and tested code share pytest's
   process, so it cannot be sound in general. A trusted non-dumpable parent runs pytest as a child
   and takes each outcome keyed with a random key it handed over before any test module was
@@ -26,9 +29,13 @@ the sandbox can write, and a test that never reports is failed, with the reason 
   files, printed lines, conftest.py / .pth / sitecustomize, os._exit, reopening descriptors via
   /proc) fails; NOT defended: code that knows the plugin's internals and digs its key out of
   memory (or calls its hooks), that replaces the test functions themselves before they run (e.g.
-  patching pytest's Function.obj), or a returned object whose __eq__ is always true.
-The container backend cannot pass descriptors yet (`passes_fds`): its channel is a file under a
-writable bind, which tested code could rewrite.
+  patching pytest's Function.obj), a returned object whose __eq__ is always true, and code that
+  reads the hidden tests (they are files in pytest's process, /grading/tests) to return the
+  values they assert.
+Both backends: bubblewrap and podman pass the pipes in (a container's grading is a fresh
+container, exec'd with the descriptors and nothing else holding them; the episode's container
+is stopped first if the agent left a process in it); docker cannot, and is refused for these
+two graders (its Harbor test.sh grading is unaffected).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from c2.envs.grading_channel import Messages, ResultsChannel
+from c2.envs.grading_channel import Messages, ResultsChannel, tests_payload
 from c2.envs.sandbox import Sandbox, SandboxLimits, SandboxResult
 from c2.envs.tasks import Task
 
@@ -125,16 +132,17 @@ def pytest_outcomes(
     pytest = ["python", "-P", "-m", "pytest", "-p", "grading_plugin", "-p", "no:cacheprovider"]
     pytest += ["-c", "/dev/null", "--rootdir=/grading", "-q", "/grading/tests"]
     env = {"PYTHONPATH": "/grading", "C2_WORKSPACE": mount_at}
-    kill = "kill-all" if _pid_namespace(sandbox) else "keep"
     parent = ["python", "-I", "-S", "-B", "/grading/grading_pytest.py"]
     scripts = [(_PLUGIN, "/grading/grading_plugin.py"), (_PARENT, "/grading/grading_pytest.py")]
     scripts += _runner_files()  # the parent's helpers
+    binds = [(tests_dir, "/grading/tests")]  # pytest needs them as files (module doc)
 
-    def cmd(out):
-        return [*parent, out, f"{limits.timeout_s:g}", kill, "--", *pytest]
+    def cmd(channel):
+        kill = _kill_mode(sandbox)
+        return [*parent, channel.out, f"{limits.timeout_s:g}", kill, "--", *pytest]
 
     return _sandboxed_outcomes(
-        cmd, scripts, env, tests_dir, workspace, sandbox, limits, mount_at, python_env
+        cmd, scripts + binds, env, None, workspace, sandbox, limits, mount_at, python_env
     )
 
 
@@ -149,20 +157,21 @@ def runner_outcomes(
 ) -> TestRun:
     """`pytest_outcomes` for plain test functions, run by grading_runner.py without pytest
     (the "functions" grader: ~10x faster; same ids, same outcomes; workspace code runs in a
-    worker process, the tests and their assertions in the trusted runner)."""
+    worker process, the tests and their assertions in the trusted runner, which alone receives
+    the tests: on a pipe, never as files in the sandbox)."""
     # -S (no site-packages) unless the task brings an environment whose packages it needs.
     flags = ["-I", "-B"] if python_env is not None else ["-I", "-S", "-B"]
 
     main = "import sys; sys.path.insert(0, '/grading'); import grading_runner as r; "
     main += "r.main(*sys.argv[1:])"
-    runner = ["python", *flags, "-c", main, "/grading/tests", mount_at]
+    runner = ["python", *flags, "-c", main]
 
-    def cmd(out):
-        return [*runner, out, f"{limits.timeout_s:g}"]
+    def cmd(channel):
+        return [*runner, channel.tests_in, mount_at, channel.out, f"{limits.timeout_s:g}"]
 
-    scripts = _runner_files()
+    tests = tests_payload(tests_dir)
     return _sandboxed_outcomes(
-        cmd, scripts, {}, tests_dir, workspace, sandbox, limits, mount_at, python_env
+        cmd, _runner_files(), {}, tests, workspace, sandbox, limits, mount_at, python_env
     )
 
 
@@ -177,29 +186,32 @@ def _runner_files() -> list[tuple[Path, str]]:
     return [(_RUNNER, "/grading/grading_runner.py"), (host, pyc)]
 
 
-def _pid_namespace(sandbox) -> bool:
-    """Whether the tests run in a pid namespace of their own (so killing every process the
-    trusted parent can signal kills only the sandbox's)."""
-    return isinstance(sandbox, Sandbox) and sandbox.isolated
+def _kill_mode(sandbox) -> str:
+    """How pytest's trusted parent ends what the tests left before it reports: "kill-all" in a
+    bwrap pid namespace (every process it can signal: only the sandbox's), "kill-new" in a
+    container (every process that was not there when it started: the container's init and
+    sleep must live), "keep" without a pid namespace."""
+    if not sandbox.isolated:
+        return "keep"
+    return "kill-all" if isinstance(sandbox, Sandbox) else "kill-new"
 
 
 def _sandboxed_outcomes(
-    cmd, scripts, env, tests_dir, workspace, sandbox, limits, mount_at, python_env=None
+    cmd, files, env, tests, workspace, sandbox, limits, mount_at, python_env=None
 ) -> TestRun:
-    """Run `cmd(out)` with tests_dir at /grading/tests and `scripts` mounted, the workspace
-    read-only; the trusted process writes its messages to `out`: a pipe passed in as a
-    descriptor only it holds, read here while it runs (grading_channel.py)."""
+    """Run `cmd(channel)` with `files` mounted read-only, the workspace read-only; the trusted
+    process writes its messages to `channel.out`, a pipe passed in as a descriptor only it
+    holds, read here while it runs, and reads `tests` (bytes), when given, from
+    `channel.tests_in` (grading_channel.py)."""
     _need_namespaces(sandbox)
-    binds = [(tests_dir, "/grading/tests", False)]
-    binds += [(src, dst, False) for src, dst in scripts]
-    with ResultsChannel(sandbox) as channel:
+    with ResultsChannel(sandbox, tests) as channel:
         r = sandbox.run(
-            cmd(channel.out),
+            cmd(channel),
             workspace,
             limits=limits,
             mount_at=mount_at,
             readonly=True,
-            binds=binds + channel.binds,
+            binds=[(src, dst, False) for src, dst in files],
             env=env,
             python_env=python_env,
             **channel.run_kwargs,

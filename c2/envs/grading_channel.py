@@ -1,12 +1,15 @@
-"""How per-test outcomes leave the grading sandbox: a pipe whose write end only the trusted
-process inside holds (grading_runner.py, grading_pytest.py), read by c2 while the tests run.
+"""The pipes between c2 and the trusted process inside the grading sandbox (grading_runner.py,
+grading_pytest.py): per-test outcomes come out on one, read by c2 while the tests run; the
+"functions" grader's hidden tests go in on another (`tests_payload`), so no file in the
+sandbox holds them.
 
-The write end is passed into the sandbox as a descriptor (`Sandbox.run(pass_fds=...)`): bwrap's
-pid 1 closes descriptors it does not use, the trusted process marks it close-on-exec, never
-hands it to the worker or to pytest, and is non-dumpable, so no sandboxed process can write it
-or reopen it through /proc. Nothing is read back from a file the sandbox can write. A sandbox
-that cannot pass descriptors (`passes_fds` false: the container backend today) gets a file under
-a writable bind instead, which its tested code could rewrite.
+Both are passed into the sandbox as descriptors (`Sandbox.run(pass_fds=...)`; the command is
+told the numbers it sees them under, `sandbox.inner_fds`): bwrap's pid 1 closes descriptors it
+does not use, a container's command is exec'd with them and nothing else holds them there, the
+trusted process marks them close-on-exec, never hands them to the worker or to pytest, and is
+non-dumpable, so no sandboxed process can write, read or reopen them through /proc. Nothing is
+read back from a file the sandbox can write: a sandbox that cannot pass descriptors (docker:
+`docker exec` has no --preserve-fds) is refused, naming the backend that can.
 
 Messages are JSON lines: ["outcome", id, outcome, note], ["collect_error", id, note],
 ["note", text], ["end", exit status]; reading stops at "end", the first outcome per id stands.
@@ -18,12 +21,13 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
-import tempfile
 import threading
 from pathlib import Path
 
+from c2.envs.sandbox import SandboxError
+
 _MAX_BYTES = 16 << 20
+_MAX_TESTS = 64 << 20  # grading_runner's bound on the tests it reads
 _OUTCOMES = ("passed", "failed", "skipped")
 
 
@@ -67,25 +71,33 @@ def parse(data: bytes) -> Messages:
 
 
 class ResultsChannel:
-    """`out` is what the trusted process is told to write to; `binds` and `run_kwargs` go to
-    `sandbox.run`; `read()` after the run returns what arrived."""
+    """`out` (and, given `tests`, `tests_in`) are what the trusted process is told to use;
+    `run_kwargs` go to `sandbox.run`; `read()` after the run returns what arrived."""
 
-    def __init__(self, sandbox):
-        self.binds: list = []
-        self.run_kwargs: dict = {}
-        self._dir = None
-        if getattr(sandbox, "passes_fds", False):
-            self._r, self._w = os.pipe()
-            self.out = f"fd:{self._w}"
-            self.run_kwargs = {"pass_fds": (self._w,)}
-            self._data = bytearray()
-            self._reader = threading.Thread(target=self._drain, daemon=True)
-            self._reader.start()
-        else:
-            self._dir = tempfile.mkdtemp(prefix="c2-grade-")
-            sandbox.give_workspace(self._dir)
-            self.binds = [(self._dir, "/grading/out", True)]
-            self.out = "/grading/out/messages"
+    def __init__(self, sandbox, tests: bytes | None = None):
+        if not getattr(sandbox, "passes_fds", False):
+            raise SandboxError(
+                f"grading over {sandbox.isolation.describe()} needs a sandbox that passes "
+                "descriptors (bubblewrap, or podman: --backend podman); this one could hand "
+                "the outcomes back only through a file the tested code can rewrite"
+            )
+        self._r, self._w = os.pipe()
+        self._tests_r = self._writer = None
+        fds = [self._w]
+        if tests is not None:
+            self._tests_r, tests_w = os.pipe()
+            fds.append(self._tests_r)
+            # From a thread: the tests may not fit the pipe before the runner reads them.
+            self._writer = threading.Thread(target=_write_all, args=(tests_w, tests), daemon=True)
+        inner = sandbox.inner_fds(fds)
+        self.out = f"fd:{inner[0]}"
+        self.tests_in = f"fd:{inner[1]}" if tests is not None else None
+        self.run_kwargs = {"pass_fds": tuple(fds)}
+        self._data = bytearray()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+        if self._writer is not None:
+            self._writer.start()
 
     def _drain(self) -> None:
         while True:
@@ -99,28 +111,57 @@ class ResultsChannel:
             self._data += chunk[: max(0, room)]  # beyond the bound: drained, not kept
 
     def read(self) -> Messages:
-        if self._dir is not None:
-            path = Path(self._dir) / "messages"
-            ok = path.is_file() and not path.is_symlink() and path.stat().st_size <= _MAX_BYTES
-            return parse(path.read_bytes() if ok else b"")
-        self._close_write()
+        self._close_ours()
         # Every holder of the write end is gone once the sandbox's run returned: EOF is near.
         self._reader.join(timeout=10)
         return parse(bytes(self._data))
 
-    def _close_write(self) -> None:
-        if self._w is not None:
-            os.close(self._w)
-            self._w = None
+    def _close_ours(self) -> None:
+        """Close c2's copies of the sandbox's ends (a writer still blocked gets EPIPE)."""
+        for name in ("_w", "_tests_r"):
+            fd = getattr(self, name)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
 
     def __enter__(self) -> ResultsChannel:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            return
-        self._close_write()
+        self._close_ours()
         self._reader.join(timeout=10)
+        if self._writer is not None:
+            self._writer.join(timeout=10)
         if not self._reader.is_alive():
             os.close(self._r)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:  # the runner ended without reading them all
+        pass
+    finally:
+        os.close(fd)
+
+
+def tests_payload(tests_dir: str | os.PathLike) -> bytes:
+    """The hidden tests as the functions runner reads them: one frame (4-byte length, then the
+    repr of {"tests/<path>": source bytes} for every regular .py file under `tests_dir`)."""
+    files = {}
+    root = Path(tests_dir)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            if name.endswith(".py") and path.is_file():
+                files["tests/" + path.relative_to(root).as_posix()] = path.read_bytes()
+    text = repr(files).encode()
+    if len(text) > _MAX_TESTS:
+        raise SandboxError(
+            f"{tests_dir}: the hidden tests are {len(text)} bytes as sent; "
+            f"the runner takes at most {_MAX_TESTS}"
+        )
+    return len(text).to_bytes(4, "big") + text

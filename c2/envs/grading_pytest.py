@@ -2,7 +2,7 @@
 
 Not imported by c2: grading.py mounts this file into the grading sandbox and runs
 
-    python -I -S -B grading_pytest.py OUT BUDGET_S -- python -P -m pytest -p grading_plugin ...
+    python -I -S -B grading_pytest.py OUT BUDGET_S KILL -- python -P -m pytest ...
 
 This process never imports pytest or workspace code. It makes itself non-dumpable (no process
 of its uid can ptrace it or reopen its descriptors through /proc), draws a random key and hands
@@ -10,16 +10,18 @@ it to the child on a pipe the plugin (grading_plugin.py) reads, and closes, befo
 module is imported. The plugin sends each test's outcome as it is decided on a second pipe,
 each message prefixed with the key; a line without it is ignored, the first outcome per test id
 stands, and reading stops at the plugin's session-end message (so exit hooks and forked
-survivors change nothing), when pytest exits, or at the deadline. Then the whole process tree
-is killed and the outcomes go to OUT ("fd:N", a pipe only this process holds, CLOEXEC so pytest
-never inherits it; or a file path where the sandbox cannot pass descriptors) in the runner's
-format (grading_runner.py): ["outcome", id, outcome, null], ["collect_error", id, null],
-["note", text], ["end", exit status]. A test never reported is failed by c2.
+survivors change nothing), when pytest exits, or at the deadline. Then pytest and whatever the
+tests started are killed (KILL: "kill-all", "kill-new" or "keep", grading.py's _kill_mode) and
+the outcomes go to OUT ("fd:N", a pipe only this process holds, CLOEXEC so pytest never
+inherits it) in the runner's format (grading_runner.py): ["outcome", id, outcome, null],
+["collect_error", id, null], ["note", text], ["end", exit status]. A test never reported is
+failed by c2.
 
 What this cannot defend against (tests and tested code share pytest's process): code that knows
 the plugin's internals and digs the key out of memory, or that replaces the test functions
-themselves before they run; a returned object whose __eq__ is always true. The "functions"
-grader (grading_runner.py) has none of these gaps.
+themselves before they run; a returned object whose __eq__ is always true; code that reads the
+hidden tests (files pytest imports) and returns what they assert. The "functions" grader
+(grading_runner.py) has none of these gaps.
 """
 
 import contextlib
@@ -31,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's dir out
-from grading_runner import _emit, _open_out, _protect  # noqa: E402
+from grading_runner import _emit, _passed_fd, _protect  # noqa: E402
 
 _MAX_BYTES = 16 << 20  # of messages read from pytest
 _OUTCOMES = ("passed", "failed", "skipped")
@@ -97,19 +99,54 @@ def _read(fd, child, deadline, prefix, session):
     return None
 
 
-def _kill_tree(child, kill_all):
+def _pids():
+    return {int(p) for p in os.listdir("/proc") if p.isdigit()}
+
+
+def _live(pid):
+    """Whether `pid` is alive (a zombie, killed already, waits only to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_new(before, rounds=1000):
+    """SIGKILL every live process not in `before` (nor this one) until none is left: a
+    process forked while one round ran is caught by the next. False when some outlived it."""
+    for _ in range(rounds):
+        left = [p for p in _pids() - before - {os.getpid()} if _live(p)]
+        if not left:
+            return True
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    return False
+
+
+def _kill_tree(child, kill, before):
+    """End pytest and, per `kill`, everything else the tests started (grading.py's
+    _kill_mode): "kill-all" every process this one can signal (in a bwrap pid namespace
+    that spares init and this one), "kill-new" every process not alive when this one started
+    (in a container, whose init and its sleep must live). Returns a note when some survived."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    if kill_all:  # in the sandbox's own pid namespace: every process but this one and init
+    note = None
+    if kill == "kill-all":
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(-1, signal.SIGKILL)
+    elif kill == "kill-new" and not _kill_new(before):
+        note = "processes the tests started outlived every round of SIGKILL"
     child.wait()
+    return note
 
 
 def main(argv):
-    out, budget_s, kill_all, cmd = argv[0], float(argv[1]), argv[2] == "kill-all", argv[4:]
+    out, budget_s, kill, cmd = argv[0], float(argv[1]), argv[2], argv[4:]
     _protect()
-    out_fd = _open_out(out)
+    out_fd = _passed_fd(out)
+    before = _pids() if kill == "kill-new" else set()
     deadline = time.monotonic() + budget_s
     key = os.urandom(16).hex().encode()
     key_r, key_w = os.pipe()
@@ -122,7 +159,7 @@ def main(argv):
     os.close(msg_w)
     session = Session()
     note = _read(msg_r, child, deadline, key + b" ", session)
-    _kill_tree(child, kill_all)
+    note = _kill_tree(child, kill, before) or note
     for test_id, outcome in session.outcomes.items():
         _emit(out_fd, "outcome", test_id, outcome, None)
     for nodeid in session.collect_errors:

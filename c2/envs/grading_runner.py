@@ -3,33 +3,40 @@
 Not imported by c2: grading.py mounts this file (and its bytecode, compiled once per c2 process:
 compiling it costs more than running the tests) into the grading sandbox at /grading and runs
 
-    python -I -S -B -c "...import grading_runner; grading_runner.main(...)" TESTS_DIR WORKSPACE
+    python -I -S -B -c "...import grading_runner; grading_runner.main(...)" fd:TESTS WORKSPACE
         OUT BUDGET_S
 
-Two processes. This one, the trusted runner, imports and runs the hidden test files and never
-runs workspace code: it forks a worker first (before anything of the workspace exists), and a
+Three kinds of process. This one, the trusted runner, runs the hidden tests and never runs
+workspace code. The hidden tests are not in any file the sandbox can open: c2 sends them on a
+pipe (TESTS, "fd:N"; grading_channel.tests_payload) that only this process holds, read after it
+has forked the worker factory, a process that never has them and from which every worker is
+forked (the runner passes it each worker's pipes over a socket). So no process that runs
+workspace code finds the tests' text in a file, in /proc, or in memory it inherited; the test
+modules are compiled from that text in memory, under their /grading/tests/... names. A
 workspace module a test imports is, here, a proxy whose functions send (module, name, args,
 kwargs) to the worker and get back only plain literal data (parsed from a bounded repr without
-evaluating anything) or an exception's (type name, message). So each assertion is evaluated here:
-a result that is not plain data (an object whose __eq__ is always true) fails the test, a worker
-that exits or hangs fails the call it was in (then a fresh worker is forked), and whatever the
-workspace code does to its own process (exit hooks, signal handlers, patching this module) does
-not reach the outcomes. This process is made non-dumpable, so no process of the same uid can
-ptrace it or reopen its descriptors through /proc; OUT ("fd:N", a pipe only this process holds,
-or a file path where the sandbox cannot pass descriptors) gets one JSON line per message:
-["outcome", id, "passed"|"failed", note], ["collect_error", path, note], ["end", exit status].
+evaluating anything) or an exception's (type name, message). So each assertion is evaluated
+here: a result that is not plain data (an object whose __eq__ is always true) fails the test, a
+worker that exits or hangs fails the call it was in (then a fresh worker is forked), and
+whatever the workspace code does to its own process (exit hooks, signal handlers, patching this
+module) does not reach the outcomes. This process and the factory are non-dumpable, so no
+process of the same uid can ptrace them, read their memory or environment, or reopen their
+descriptors through /proc; OUT ("fd:N", a pipe only this process holds) gets one JSON line per
+message: ["outcome", id, "passed"|"failed", note], ["collect_error", path, note], ["note",
+text], ["end", exit status].
 
-Same test ids ("tests/test_x.py::test_y", relative to TESTS_DIR's parent) and rules as pytest
-where they overlap: test_*.py and *_test.py files under TESTS_DIR in sorted order, each imported
-as its basename with its directory first on sys.path (pytest's "prepend" mode), workspace modules
-LAST (no workspace file can shadow the standard library or the test files' imports). An import
-error (in the test file or in the workspace code it imports) is a collection error of that file,
-and then, as in pytest, no test runs at all. Every module-level function named test* is called:
-returning passes; raising (AssertionError, SystemExit, ...) fails; a test that needs arguments
-fails (pytest: fixture not found), so does an `async def`. Not supported: fixtures, classes,
-parametrize, marks, pytest itself; workspace values that are not plain data (a class instance
-returned, a workspace exception type: it arrives as Exception("TypeName: message")); a
-conftest.py is reported as a collection error rather than silently ignored.
+Same test ids ("tests/test_x.py::test_y") and rules as pytest where they overlap: test_*.py and
+*_test.py files of the tests in os.walk's sorted order, each imported as its basename with its
+directory searched first (pytest's "prepend" mode), workspace modules LAST (no workspace file can
+shadow the standard library or the test files' imports). An import error (in the test file or in
+the workspace code it imports) is a collection error of that file, and then, as in pytest, no
+test runs at all. Every module-level function named test* is called: returning passes; raising
+(AssertionError, SystemExit, ...) fails; a test that needs arguments fails (pytest: fixture not
+found), so does an `async def`. Not supported: fixtures, classes, parametrize, marks, pytest
+itself; files beside the tests other than .py (only those are sent); workspace values that are
+not plain data (a class instance returned, a workspace exception type: it arrives as
+Exception("TypeName: message")); a conftest.py is reported as a collection error rather than
+silently ignored.
 """
 
 import _ast
@@ -40,6 +47,8 @@ import sys
 import time
 
 _MAX_REPLY = 8 << 20  # bytes of one worker reply
+_MAX_TESTS = 64 << 20  # bytes of the hidden tests, as sent
+_TESTS_ROOT = "/grading/"  # test ids are relative to it; nothing is mounted at /grading/tests
 _MAX_TEXT = 2000  # characters of an exception message kept
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 _SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGALRM", "SIGUSR1", "SIGUSR2")
@@ -174,28 +183,121 @@ def _message(e):
         return "<unprintable message>"
 
 
-class Worker:
-    """The runner's side: forks the worker, calls it with a deadline, re-forks after a death."""
+class _Factory:
+    """The process every worker is forked from. The runner forks it before the hidden tests
+    arrive (so it, and each worker, never had them in memory) and hands it, over a socket,
+    the worker's ends of two fresh pipes; it forks the worker and answers its pid, and reaps it
+    when asked ("stop"), answering its exit code."""
 
-    def __init__(self, workspace, deadline, keep_out):
-        self.workspace, self.deadline, self.keep_out = workspace, deadline, keep_out
+    def __init__(self, workspace, keep_out, deadline):
+        import _socket
+
+        self._s, self.deadline = _socket, deadline
+        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                for fd in keep_out:
+                    os.close(fd)
+                ours.close()
+                _factory_loop(_socket, theirs, workspace)
+            finally:
+                os._exit(70)
+        theirs.close()
+        self.sock = ours
+
+    def ask(self, message, fds=()):
+        """The factory's answer (an int) to `message`; WorkerError when it is gone or stuck."""
+        if self.sock is None:
+            raise WorkerError("the worker factory is gone")
+        s = self._s
+        data = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+        try:
+            self.sock.sendmsg([message], [(s.SOL_SOCKET, s.SCM_RIGHTS, data)] if fds else [])
+            left = max(self.deadline - time.monotonic(), 0) + 2.0  # a stop may follow the end
+            if not select.select([self.sock], [], [], left)[0]:
+                raise TimeoutError
+            return int(self.sock.recv(64))
+        except (OSError, ValueError, TimeoutError):
+            self.close()
+            raise WorkerError("the worker factory stopped answering") from None
+
+    def close(self):
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+
+def _factory_loop(_socket, sock, workspace):
+    while True:
+        try:
+            data, ancillary, _, _ = sock.recvmsg(64, _socket.CMSG_SPACE(8))
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)
+        fds = [
+            int.from_bytes(raw[i : i + 4], sys.byteorder)
+            for level, kind, raw in ancillary
+            if (level, kind) == (_socket.SOL_SOCKET, _socket.SCM_RIGHTS)
+            for i in range(0, len(raw) - 3, 4)
+        ]
+        op, *args = data.split()
+        if op == b"fork" and len(fds) == 2:
+            pid = os.fork()
+            if pid == 0:  # the worker: nothing of the runner's or the factory's reachable
+                try:
+                    sock.close()
+                    _forget_runner()
+                    _serve(fds[0], fds[1], workspace)
+                finally:
+                    os._exit(70)
+            answer = pid
+        elif op == b"stop" and len(args) == 2:
+            answer = _reap(int(args[0]), float(args[1]))
+        else:
+            answer = -1
+        for fd in fds:
+            os.close(fd)
+        sock.send(str(answer).encode())
+
+
+def _reap(pid, wait_s):
+    """The exit code of child `pid`, killed after `wait_s` for it to exit by itself."""
+    end = time.monotonic() + wait_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= end:
+            os.kill(pid, signal.SIGKILL)
+            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        time.sleep(0.002)
+
+
+class Worker:
+    """The runner's side: has the factory fork the worker, calls it with a deadline, has a
+    fresh one forked after a death."""
+
+    def __init__(self, factory, deadline):
+        self.factory, self.deadline = factory, deadline
         self.pid = None
         self.events = []  # what went wrong, for the outcome's note
 
     def _start(self):
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker: nothing of the runner's may be left reachable
-            try:
-                for fd in (req_w, rep_r, *self.keep_out):
-                    os.close(fd)
-                _forget_runner()
-                _serve(req_r, rep_w, self.workspace)
-            finally:
-                os._exit(70)
-        os.close(req_r)
-        os.close(rep_w)
+        try:
+            pid = self.factory.ask(b"fork", (req_r, rep_w))
+        except WorkerError as e:
+            os.close(req_w)
+            os.close(rep_r)
+            raise self._fail(str(e)) from None
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
         self.pid, self.requests, self.replies = pid, req_w, rep_r
         try:
             self.alive = os.pidfd_open(pid)
@@ -210,15 +312,14 @@ class Worker:
             if fd is not None:
                 os.close(fd)
         pid, self.pid = self.pid, None
-        end = time.monotonic() + wait_s
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return os.waitstatus_to_exitcode(status)
-            if time.monotonic() >= end:
+        try:
+            return self.factory.ask(b"stop %d %g" % (pid, wait_s))
+        except WorkerError:
+            try:  # noqa: SIM105 - contextlib costs start-up; the factory is gone: end it here
                 os.kill(pid, signal.SIGKILL)
-                return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            time.sleep(0.002)
+            except OSError:
+                pass
+            return None
 
     def ask(self, op, module, name="", args=(), kwargs=None, what=""):
         if self.pid is None:
@@ -272,7 +373,7 @@ def _exception(name, message):
 
 
 def _forget_runner():
-    """In a fresh worker: drop the runner's test modules, proxies, finder and signal choices,
+    """In a fresh worker: drop what the runner had set up (modules, finders, signal choices)
     and be an ordinary (dumpable) process again: its own /proc entries readable, as usual."""
     _prctl_dumpable(1)
     for name in set(sys.modules) - _BASE_MODULES:
@@ -353,30 +454,79 @@ class _WorkspaceFinder:
         pass
 
 
-# ---------------------------------------------------------------- running the tests
+# ---------------------------------------------------------------- the hidden tests, in memory
 
 
-def _test_files(tests_dir):
+def _read_tests(fd, deadline):
+    """{path under /grading: source} of the hidden tests, as c2 sent them on `fd`."""
+    try:
+        files = _literal(_recv(fd, deadline, limit=_MAX_TESTS))
+    finally:
+        os.close(fd)
+    ok = type(files) is dict
+    if not ok or not all(type(k) is str and type(v) is bytes for k, v in files.items()):
+        raise ValueError("the hidden tests arrived malformed")
+    return {_TESTS_ROOT + rel: source for rel, source in files.items()}
+
+
+class _TestsFinder:
+    """Before the path finder: modules of the hidden tests, compiled from memory. A directory
+    of theirs is searched once a test file in it was imported, the latest first (pytest's
+    "prepend" mode); a package of theirs finds its submodules among them."""
+
+    def __init__(self, files):
+        self.files, self.dirs = files, []
+
+    def find_spec(self, name, path=None, target=None):
+        parent, _, last = name.rpartition(".")
+        dirs = self.dirs
+        if parent:
+            module = sys.modules.get(parent)
+            if getattr(module, "__loader__", None) is not self:
+                return None
+            dirs = module.__path__
+        for d in dirs:  # a package before a module of the same name, as the path finder does
+            for origin, package in ((f"{d}/{last}/__init__.py", True), (f"{d}/{last}.py", False)):
+                if origin in self.files:
+                    spec = _ModuleSpec(name, self, origin=origin, is_package=package)
+                    spec.has_location = True
+                    if package:
+                        spec.submodule_search_locations.append(f"{d}/{last}")
+                    return spec
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        origin = module.__spec__.origin
+        exec(compile(self.files[origin], origin, "exec", dont_inherit=True), module.__dict__)
+
+
+def _test_files(files):
+    """The test files (and conftest.py files) in os.walk's sorted order: a directory's own
+    files before its subdirectories'."""
     found = []
-    for dirpath, dirnames, filenames in os.walk(tests_dir):
-        dirnames.sort()
-        for name in sorted(filenames):
-            test = name.startswith("test_") or name.endswith("_test.py")
-            # conftest.py: reported as a collection error (see the module doc)
-            if name.endswith(".py") and test or name == "conftest.py":
-                found.append(os.path.join(dirpath, name))
-    return found
+    for path in files:
+        name = path.rpartition("/")[2]
+        test = name.startswith("test_") or name.endswith("_test.py")
+        # conftest.py: reported as a collection error (see the module doc)
+        if name.endswith(".py") and test or name == "conftest.py":
+            parts = path.split("/")
+            found.append(([(1, d) for d in parts[:-1]] + [(0, parts[-1])], path))
+    return [path for _, path in sorted(found)]
 
 
-def _import(path):
-    """pytest's "prepend" import: the file's directory first on sys.path, then a plain import
-    of its basename, which must resolve to this very file."""
-    name = os.path.basename(path)[:-3]
-    if os.path.dirname(path) not in sys.path:
-        sys.path.insert(0, os.path.dirname(path))
+def _import(finder, path):
+    """pytest's "prepend" import: the file's directory searched first, then a plain import of
+    its basename, which must resolve to this very file."""
+    name = path.rpartition("/")[2][:-3]
+    d = path.rpartition("/")[0]
+    if d not in finder.dirs:
+        finder.dirs.insert(0, d)
     __import__(name)
     module = sys.modules[name]
-    if os.path.realpath(getattr(module, "__file__", None) or "") != os.path.realpath(path):
+    if getattr(module, "__file__", None) != path:
         raise ImportError(f"{name} resolves to {module!r}, not {path}")
     return module
 
@@ -415,8 +565,11 @@ def _json(v):
     )
 
 
-def _open_out(out):
-    fd = int(out[3:]) if out.startswith("fd:") else os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
+def _passed_fd(arg):
+    """The descriptor "fd:N" names (a pipe c2 passed in), kept from every child (CLOEXEC)."""
+    if not arg.startswith("fd:"):
+        raise ValueError(f"{arg!r}: expected fd:N, a pipe c2 passed in")
+    fd = int(arg[3:])
     os.set_inheritable(fd, False)
     return fd
 
@@ -467,21 +620,31 @@ def _note(worker, start):
     return "; ".join(worker.events[start:])[:_MAX_TEXT] or None
 
 
-def main(tests_dir, workspace, out, budget_s):
+def main(tests, workspace, out, budget_s):
     _protect()
-    out_fd = _open_out(out)
-    root = os.path.dirname(os.path.abspath(tests_dir).rstrip("/"))
-    worker = Worker(workspace, time.monotonic() + float(budget_s), (out_fd,))
-    worker._start()  # forked before any test file (or workspace code) is loaded
+    out_fd, tests_fd = _passed_fd(out), _passed_fd(tests)
+    deadline = time.monotonic() + float(budget_s)
+    # Forked before the tests are read: no worker can find them in memory it inherited.
+    factory = _Factory(workspace, (out_fd, tests_fd), deadline)
+    worker = Worker(factory, deadline)
+    try:
+        worker._start()
+        finder = _TestsFinder(_read_tests(tests_fd, deadline))
+    except (WorkerError, EOFError, TimeoutError, OverflowError, ValueError, SyntaxError) as e:
+        _emit(out_fd, "note", f"the grading did not start: {type(e).__name__}: {e}"[:_MAX_TEXT])
+        _emit(out_fd, "end", 3)
+        return
+    sys.meta_path.insert(sys.meta_path.index(_PATH_FINDER), finder)
     sys.meta_path.append(_WorkspaceFinder(worker))
+    root = _TESTS_ROOT
     tests, collect_errors = [], 0
-    for path in _test_files(tests_dir):  # collect everything first, as pytest does
-        rel = os.path.relpath(path, root)
+    for path in _test_files(finder.files):  # collect everything first, as pytest does
+        rel = path[len(root) :]
         start = len(worker.events)
         try:
-            if os.path.basename(path) == "conftest.py":
+            if path.endswith("/conftest.py"):
                 raise ImportError("conftest.py is not supported")
-            module = _import(path)
+            module = _import(finder, path)
         except BaseException:
             collect_errors += 1
             _emit(out_fd, "collect_error", rel, _note(worker, start))
@@ -500,6 +663,7 @@ def main(tests_dir, workspace, out, budget_s):
         except KeyboardInterrupt:
             pass  # pytest, interrupted, also reports what ran so far
     worker.stop()
+    factory.close()
     _emit(out_fd, "end", 2 if collect_errors else int(failed))
 
 
@@ -507,6 +671,7 @@ _PRCTL = None
 _BASE_MODULES = set(sys.modules)
 _BASE_META_PATH = list(sys.meta_path)
 _BASE_PATH = list(sys.path)
+_PATH_FINDER = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
 
 if __name__ == "__main__":
     main(*sys.argv[1:5])

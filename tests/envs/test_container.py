@@ -39,7 +39,7 @@ from c2.envs.evaluate import evaluate
 from c2.envs.grading import _harbor_reward, _run_harbor
 from c2.envs.harbor_bench import with_backend
 from c2.envs.harbor_import import import_harbor_tasks
-from c2.envs.sandbox import Sandbox, SandboxLimits
+from c2.envs.sandbox import Sandbox, SandboxError, SandboxLimits
 from c2.envs.tasks import load_task, validate_metadata
 
 FULL_BASE = BASE_IMAGES["debian:bookworm-slim"]
@@ -549,3 +549,28 @@ def test_network_follows_task_toml_allow_internet(tmp_path, local_base):
     (o,) = import_harbor_tasks([src], out, backend="podman", log=lambda _: None)
     assert (o.status, o.reason) == ("refused", "unreadable")
     assert "allow_internet='yes': expected true/false" in o.detail
+
+
+@needs_engine
+def test_descriptors_reach_a_readonly_run_as_3_4_and_nothing_else_there_holds_them(box):
+    """pass_fds (grading's pipes): open in the command as 3, 4, ...; the command is exec'd
+    with no `timeout` above it (its parent is outside the container), so no other process in
+    the container holds them; refused outside a read-only run."""
+    sb, ws = box
+    assert sb.passes_fds and sb.inner_fds((57, 9)) == (3, 4)
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    os.write(in_w, b"ping")
+    os.close(in_w)
+    cmd = "read -n 4 x <&4; echo got-$x >&3; grep PPid /proc/$$/status"
+    try:
+        r = sb.run(cmd, ws, mount_at="/app", readonly=True, pass_fds=(out_w, in_r))
+        os.close(out_w)
+        assert os.read(out_r, 100) == b"got-ping\n"
+        # PPid 0: exec'd from outside the container, with no wrapper above it holding them.
+        assert (r.exit_code, r.stdout) == (0, "PPid:\t0\n"), r
+        with pytest.raises(SandboxError, match="needs readonly=True"):
+            sb.run("true", ws, mount_at="/app", pass_fds=(in_r,))
+    finally:
+        for fd in (out_r, in_r):
+            os.close(fd)

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from c2.envs.grading import _harbor_reward, changed_files, code_quality, grade, pytest_outcomes
-from c2.envs.sandbox import SandboxLimits
+from c2.envs.grading_channel import ResultsChannel
+from c2.envs.sandbox import SandboxError, SandboxLimits
 from c2.envs.tasks import write_task
 
 TESTS = """from shop import price
@@ -151,3 +152,12 @@ def test_a_limit_hit_during_the_episode_fails_a_correct_fix(task, tmp_path, sand
     assert not g.passed and all(g.correctness["fail_to_pass"].values())
     assert g.failure_reason == "sandbox limit hit during the episode: processes"
     assert g.interaction["sandbox_limits_hit"] == ["processes"]
+
+
+def test_a_sandbox_that_cannot_pass_descriptors_is_refused_naming_it():
+    """docker cannot pass the grading pipes: grading refuses it rather than read outcomes back
+    from a file the tested code could rewrite."""
+    docker = types.SimpleNamespace(passes_fds=False)
+    docker.isolation = types.SimpleNamespace(describe=lambda: "d c")
+    with pytest.raises(SandboxError, match=r"grading over d c needs a sandbox that passes"):
+        ResultsChannel(docker)
