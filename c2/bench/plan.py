@@ -370,16 +370,18 @@ def compile_step(cfg, config, mesh, batch: int, seq: int):
     from c2 import model as model_lib
     from c2 import sharding
     from c2.train import lm
+    from c2.train.config import sharding_rules
     from c2.train.step import make_step_fn
 
     params, opt, tx, schedule = abstract_state(cfg, config, mesh)
+    layout = sharding.as_layout(mesh, sharding_rules(config))  # activations follow the rules too
     tc = config.train
     post = None
     if cfg.n_moe_layers and tc.router_bias_rate:
         post = lambda p, aux: model_lib.update_router_bias(p, aux, cfg, tc.router_bias_rate)  # noqa: E731
-    loss_fn = functools.partial(lm.lm_loss, cfg=cfg, tc=tc, mesh=mesh)
+    loss_fn = functools.partial(lm.lm_loss, cfg=cfg, tc=tc, mesh=layout)
     step_fn = make_step_fn(loss_fn, tx, schedule, post, micro_batches=tc.micro_batches)
-    bs = sharding.batch_sharding(mesh)
+    bs = sharding.batch_sharding(layout)
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32, sharding=bs)
     data = {
         "inputs": tok,

@@ -125,7 +125,7 @@ def linear(x: jax.Array, w: jax.Array, c: ModelConfig, n_in: int = 1, mesh=None)
 
         if (
             c.mxfp8_impl == "pallas"
-            and x2.shape[0] % sharding.axis_size(mesh, sharding.TOKEN_AXES) == 0
+            and x2.shape[0] % sharding.axis_size(mesh, sharding.token_axes(mesh)) == 0
         ):  # (decoding's few rows: not split, the kernel runs whole)
             dot = sharding.per_device_tokens(dot, mesh, (True, False), 1)
         (y,) = dot(x2, w2)

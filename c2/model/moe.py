@@ -396,8 +396,11 @@ def _exchange_rounds(round_fn, n_rows: int, cap: int, max_send, c: ModelConfig, 
     return y
 
 
-def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int):
-    """Body of the shard_map: local tokens, local experts, padded all-to-all over `expert`.
+def _dispatch_expert_parallel(
+    x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int, token_axes=sharding.TOKEN_AXES
+):
+    """Body of the shard_map: local tokens, local experts, padded all-to-all over `expert`
+    (`token_axes`: the mesh axes the tokens are split over, where the drops are summed).
 
     Each (source, destination) pair gets a buffer of `exchange_capacity` rows per round, so a
     device receives and computes ~factor x T*K rows, not ep x T*K. Dropless by default: rows past
@@ -446,7 +449,7 @@ def _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, p, c: ModelConfig, ep: int
     y_TKH = y_TKH.reshape(T, K, H)
     out = einsum_f32("tkh,tk->th", y_TKH, gates_TK.astype(y_sorted.dtype))
     kept = slot < (cap if c.expert_capacity_factor is not None else N)
-    dropped = jax.lax.psum(jnp.sum(~kept), (*sharding.BATCH_AXES, "context"))
+    dropped = jax.lax.psum(jnp.sum(~kept), token_axes) if token_axes else jnp.sum(~kept)
     return out, dropped
 
 
@@ -504,32 +507,35 @@ def use_ragged_exchange(c: ModelConfig) -> bool:
     return c.expert_exchange == "ragged"
 
 
-def _ep_body(x_BTH, idx_BTK, gates_BTK, experts, c, ep):
+def _ep_body(x_BTH, idx_BTK, gates_BTK, experts, c, ep, token_axes):
     B, T, H = x_BTH.shape
-    dispatch = (
-        _dispatch_expert_parallel_ragged if use_ragged_exchange(c) else (_dispatch_expert_parallel)
-    )
-    y, dropped = dispatch(
-        x_BTH.reshape(B * T, H),
-        idx_BTK.reshape(B * T, -1),
-        gates_BTK.reshape(B * T, -1),
-        experts,
-        c,
-        ep,
-    )
+    args = (x_BTH.reshape(B * T, H), idx_BTK.reshape(B * T, -1), gates_BTK.reshape(B * T, -1))
+    if use_ragged_exchange(c):
+        y, dropped = _dispatch_expert_parallel_ragged(*args, experts, c, ep)
+    else:
+        y, dropped = _dispatch_expert_parallel(*args, experts, c, ep, token_axes)
     return y.reshape(B, T, H), dropped
 
 
-def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: Mesh | None = None):
-    """Routed experts (+ shared experts). Returns (y [B,T,H], stats dict)."""
+def moe_block(
+    x_BTH,
+    p,
+    c: ModelConfig,
+    segment_ids_BT,
+    routing_BTK=None,
+    mesh: Mesh | sharding.Layout | None = None,
+):
+    """Routed experts (+ shared experts). Returns (y [B,T,H], stats dict). `mesh`: a Mesh or a
+    `sharding.Layout`; experts are parallel over the mesh axis its `experts` rule names."""
     B, T, H = x_BTH.shape
     x_TH = x_BTH.reshape(B * T, H)
     routing = None if routing_BTK is None else routing_BTK.reshape(B * T, -1)
-    ep = sharding.axis_size(mesh, "expert")
+    ep = sharding.axis_size(mesh, sharding.axes_of(mesh, "experts"))
     # The only dispatch that reuses the kernel's sorted order: one device's (a sharded mesh runs
     # the kernel per device for the gates; the dispatch sorts each device's tokens itself).
     local = c.moe_impl != "dense" and ep == 1
-    reuse_order = local and (mesh is None or mesh.size == 1)
+    devices = 1 if mesh is None else sharding.mesh_of(mesh).size
+    reuse_order = local and devices == 1
     idx, gates, scores, pairs = route(x_TH, p, c, routing, sorted_pairs=reuse_order, mesh=mesh)
     experts = {k: p[k] for k in ("w_gate", "w_up", "w_down")}
     dropped = jnp.zeros((), jnp.int32)
@@ -542,14 +548,17 @@ def moe_block(x_BTH, p, c: ModelConfig, segment_ids_BT, routing_BTK=None, mesh: 
         def dispatch(x, i, g, w):
             return (_dispatch_local(x, i, g, w, c, pairs),)
 
-        if not reuse_order and x_TH.shape[0] % sharding.axis_size(mesh, sharding.TOKEN_AXES) == 0:
+        tokens = sharding.axis_size(mesh, sharding.token_axes(mesh))
+        if not reuse_order and x_TH.shape[0] % tokens == 0:
             dispatch = sharding.per_device_tokens(dispatch, mesh, (True, True, True, False), 1)
         (y,) = dispatch(x_TH, idx, gates, experts)
     else:
-        tok = P(sharding.BATCH_AXES, "context", None)
+        layout = sharding.as_layout(mesh)
+        tok = sharding.logical_to_spec(("batch", "seq", None), layout.rules)
+        token_axes = sharding.token_axes(layout)
         fn = jax.shard_map(
-            lambda x, i, g, w: _ep_body(x, i, g, w, c, ep),
-            mesh=mesh,
+            lambda x, i, g, w: _ep_body(x, i, g, w, c, ep, token_axes),
+            mesh=layout.mesh,
             in_specs=(tok, tok, tok, jax.tree.map(lambda _: P("expert"), experts)),
             out_specs=(tok, P()),
             check_vma=False,

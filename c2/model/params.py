@@ -95,7 +95,8 @@ def attention_specs(c: ModelConfig) -> dict:
             "wo": ParamSpec((N, c.v_head_dim, H), ("heads", None, "embed")),
         }
         if c.q_lora_rank:
-            p["wq_a"] = ParamSpec((H, c.q_lora_rank), ("embed", "q_lora"))
+            # As wkv_a: the rank's rule shards wq_b only (FSDP configs put q_lora on embed's axis).
+            p["wq_a"] = ParamSpec((H, c.q_lora_rank), ("embed", None))
             p["q_norm"] = _norm(c.q_lora_rank)
             p["wq_b"] = ParamSpec((c.q_lora_rank, N, c.qk_head_dim), ("q_lora", "heads", None))
         else:
@@ -186,13 +187,19 @@ def abstract_params(c: ModelConfig) -> dict:
     )
 
 
-def check_mesh(c: ModelConfig, mesh: Mesh | AbstractMesh, rules=sharding.RULES) -> None:
+def check_mesh(c: ModelConfig, mesh: Mesh | AbstractMesh | sharding.Layout, rules=None) -> None:
     """Every dimension the rules shard divisible by its mesh axes, else one ValueError naming
-    each config field, its value, the mesh axes and their size (jax would name none of them)."""
+    each config field, its value, the mesh axes and their size (jax would name none of them).
+    `rules`: the layout's own when None (RULES for a bare mesh)."""
+    layout = sharding.as_layout(mesh, rules)
     bad = {}
     for path, s in jax.tree_util.tree_flatten_with_path(param_specs(c), is_leaf=_is_spec)[0]:
-        for dim, (n, axes) in enumerate(zip(s.shape, sharding.logical_to_spec(s.axes, rules))):
-            size = sharding.axis_size(mesh, axes)
+        try:
+            spec = sharding.logical_to_spec(s.axes, layout.rules)
+        except ValueError as e:
+            raise ValueError(f"parameter {jax.tree_util.keystr(path)}: {e}") from None
+        for dim, (n, axes) in enumerate(zip(s.shape, spec)):
+            size = sharding.axis_size(layout, axes)
             if n % size:
                 key = (s.field(dim) or f"{s.axes[dim]} dimension", n, axes, size)
                 bad.setdefault(key, (s.axes[dim], jax.tree_util.keystr(path)))
@@ -202,25 +209,30 @@ def check_mesh(c: ModelConfig, mesh: Mesh | AbstractMesh, rules=sharding.RULES) 
             f"(logical axis {logical!r}, e.g. parameter {where})"
             for (field, n, axes, size), (logical, where) in bad.items()
         ]
-        raise ValueError(f"the mesh {dict(mesh.shape)} cannot shard the model: " + "; ".join(lines))
+        raise ValueError(
+            f"the mesh {dict(layout.mesh.shape)} cannot shard the model: " + "; ".join(lines)
+        )
 
 
 def _axes(axes: str | tuple[str, ...]) -> str:
     return axes if isinstance(axes, str) else " x ".join(axes)
 
 
-def param_shardings(c: ModelConfig, mesh: Mesh, rules=sharding.RULES) -> dict:
-    """NamedShardings of every parameter (`check_mesh` first: an indivisible layout fails here)."""
-    check_mesh(c, mesh, rules)
+def param_shardings(c: ModelConfig, mesh: Mesh | sharding.Layout, rules=None) -> dict:
+    """NamedShardings of every parameter (`check_mesh` first: an indivisible layout fails here).
+    `rules`: the layout's own when None (RULES for a bare mesh)."""
+    layout = sharding.as_layout(mesh, rules)
+    check_mesh(c, layout)
     return jax.tree.map(
-        lambda s: sharding.named_sharding(mesh, s.axes, rules), param_specs(c), is_leaf=_is_spec
+        lambda s: sharding.named_sharding(layout, s.axes), param_specs(c), is_leaf=_is_spec
     )
 
 
 def init_params(
-    c: ModelConfig, rng: jax.Array, mesh: Mesh | None = None, rules=sharding.RULES
+    c: ModelConfig, rng: jax.Array, mesh: Mesh | sharding.Layout | None = None, rules=None
 ) -> dict:
-    """One jitted init; with a mesh every array is created directly in its shards."""
+    """One jitted init; with a mesh every array is created directly in its shards (laid out by
+    `rules`, else the layout's own)."""
     specs = param_specs(c)
     paths_specs, treedef = jax.tree_util.tree_flatten_with_path(specs, is_leaf=_is_spec)
 

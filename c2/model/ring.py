@@ -14,9 +14,10 @@ The backward is a `custom_vjp` that recomputes: the key chunks go around again, 
 its queries' dq and the chunk's dk/dv, and the dk/dv accumulators travel with their chunk, one
 extra hop bringing them home. Memory per shard is O(T / n) plus the blockwise kernel's blocks.
 
-`context_attention` is the entry point: a `shard_map` over the whole mesh (batch over the data
-axes, sequence over `context`, heads over `tensor`), the blockwise kernel alone when the context
-axis has size 1.
+`context_attention` is the entry point: a `shard_map` over the whole mesh laid out by the
+layout's rules (by default batch over the data axes, sequence over `context`, heads over
+`tensor`; the ring runs over the mesh axes of `seq`), the blockwise kernel alone when those have
+size 1.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from c2 import sharding
 from c2.model import flash
 
 
-def _shift(xs, axis_name: str, n: int):
+def _shift(xs, axis_name: str | tuple[str, ...], n: int):
     """Send every array to the next shard on the ring (shard i -> i + 1)."""
     perm = [(i, (i + 1) % n) for i in range(n)]
     return jax.tree.map(lambda x: jax.lax.ppermute(x, axis_name, perm), xs)
@@ -97,7 +98,7 @@ def context_attention(
     segment_ids,
     *,
     scale: float,
-    mesh: Mesh | None,
+    mesh: Mesh | sharding.Layout | None,
     kv_heads: str = "heads",
     block_q: int = 512,
     block_kv: int = 512,
@@ -108,23 +109,25 @@ def context_attention(
     axis of k/v's heads: "heads" for MLA, "kv_heads" for GQA)."""
     B, T = segment_ids.shape
     idx = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if mesh is None or mesh.size == 1:
+    layout = sharding.as_layout(mesh)
+    if layout is None or layout.mesh.size == 1:
         return flash.flash_attention(
             q, k, v, segment_ids, segment_ids, idx, idx, scale, block_q, block_kv
         )
-    n = sharding.axis_size(mesh, "context")
-    q_spec = sharding.logical_to_spec(("batch", "seq", "heads", None))
-    kv_spec = sharding.logical_to_spec(("batch", "seq", kv_heads, None))
-    row_spec = sharding.logical_to_spec(("batch", "seq"))
+    ring = sharding.axes_of(layout, "seq")  # the shards of the sequence
+    n = sharding.axis_size(layout, ring)
+    q_spec = sharding.logical_to_spec(("batch", "seq", "heads", None), layout.rules)
+    kv_spec = sharding.logical_to_spec(("batch", "seq", kv_heads, None), layout.rules)
+    row_spec = sharding.logical_to_spec(("batch", "seq"), layout.rules)
 
     def body(q, k, v, seg, idx):
         if n == 1:
             return flash.flash_attention(q, k, v, seg, seg, idx, idx, scale, block_q, block_kv)
-        return ring_attention(q, k, v, seg, seg, idx, idx, scale, block_q, block_kv, "context", n)
+        return ring_attention(q, k, v, seg, seg, idx, idx, scale, block_q, block_kv, ring, n)
 
     fn = jax.shard_map(
         body,
-        mesh=mesh,
+        mesh=layout.mesh,
         in_specs=(q_spec, kv_spec, kv_spec, row_spec, row_spec),
         out_specs=q_spec,
         check_vma=False,

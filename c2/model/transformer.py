@@ -149,14 +149,16 @@ def forward(
     segment_ids=None,
     cache=None,
     routing=None,
-    mesh: Mesh | None = None,
+    mesh: Mesh | sharding.Layout | None = None,
     return_hidden: bool = False,
     kv_len: int | None = None,
 ):
     """Logits [B,T,V] float32 and aux (see module doc); `routing` [L_moe,B,T,k] replays experts.
     `kv_len` (static, with a cache): attend only to the cache's first kv_len slots, which must
-    hold every row's pos + T (decoding short sequences in a long cache)."""
+    hold every row's pos + T (decoding short sequences in a long cache). `mesh`: a
+    `sharding.Layout` lays out every activation by its rules (a bare Mesh: by RULES)."""
     c = cfg
+    mesh = sharding.as_layout(mesh)
     _check_tokens(tokens, c)
     B, T = tokens.shape
     if positions is None:

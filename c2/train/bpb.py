@@ -23,7 +23,11 @@ from c2.train.losses import mtp_distillation, next_token_loss
 
 
 def forward_on_batch(
-    params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None, return_hidden: bool = False
+    params,
+    batch,
+    cfg: model_lib.ModelConfig,
+    mesh: Mesh | sharding.Layout | None,
+    return_hidden: bool = False,
 ):
     """The model on a packed batch (inputs, positions, segment_ids): (logits, aux)."""
     return model_lib.forward(
@@ -37,7 +41,7 @@ def forward_on_batch(
     )
 
 
-def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
+def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | sharding.Layout | None):
     """Additive statistics of one batch: nll sum, target tokens, target bytes, MTP agreements."""
     logits_BTV, aux = forward_on_batch(params, batch, cfg, mesh)
     mask_BT = batch["loss_mask"].astype(jnp.float32)
@@ -58,7 +62,7 @@ def eval_sums(params, batch, cfg: model_lib.ModelConfig, mesh: Mesh | None):
 
 
 @functools.lru_cache(maxsize=16)
-def _eval_fn(cfg: model_lib.ModelConfig, mesh: Mesh | None):
+def _eval_fn(cfg: model_lib.ModelConfig, mesh: Mesh | sharding.Layout | None):
     # Parameters keep the shardings they live in; batches are placed by `heldout_bpb`.
     return jax.jit(
         functools.partial(eval_sums, cfg=cfg, mesh=mesh),
@@ -85,7 +89,7 @@ def heldout_bpb(
     params,
     cfg: model_lib.ModelConfig,
     batches: Sequence[dict[str, np.ndarray]],
-    mesh: Mesh | None = None,
+    mesh: Mesh | sharding.Layout | None = None,
 ) -> dict[str, float]:
     """Bits per byte (and MTP acceptance) of `params` over every batch of `batches`."""
     if not batches:

@@ -67,8 +67,9 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.mesh.expert = 1
     c.mesh.context = 1
     c.mesh.tensor = 1
-    # Overrides of c2.sharding.RULES (logical axis -> mesh axis, tuple of axes, or None), e.g.
-    # {"expert_embed": ("fsdp", "context")} to FSDP-shard expert weights at real scale.
+    # Overrides of c2.sharding.RULES (logical axis -> mesh axis, tuple of axes, or None) for
+    # weights and activations alike, e.g. {"expert_embed": ("fsdp", "context")} to FSDP-shard
+    # expert weights at real scale.
     c.mesh.rules = ml_collections.ConfigDict()
 
     c.optimizer = ml_collections.ConfigDict()
@@ -294,16 +295,26 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         )
     mesh = resolve_mesh(config.mesh, num_devices)
     check_rules(config.mesh.rules)
-    if config.data.seq_len % mesh["context"]:
+    from c2 import sharding
+
+    rules = sharding_rules(config)
+    try:
+        sharding.logical_to_spec(("batch", "seq"), rules)
+    except ValueError as e:
+        raise ConfigError(f"config.mesh.rules: {e}") from None
+    seq_axes = sharding.rule_axes(rules["seq"])
+    if config.data.seq_len % math.prod(mesh[a] for a in seq_axes):
+        sizes = ", ".join(f"config.mesh.{a}={mesh[a]}" for a in seq_axes)
         raise ConfigError(
-            f"config.data.seq_len={config.data.seq_len} is not divisible by the context axis "
-            f"(config.mesh.context={mesh['context']})"
+            f"config.data.seq_len={config.data.seq_len} is not divisible by the "
+            f"{' x '.join(seq_axes)} axis ({sizes})"
         )
-    batch_axes = mesh["data"] * mesh["fsdp"]
-    if config.data.batch_size % batch_axes:
+    batch_axes = sharding.rule_axes(rules["batch"])
+    n_batch = math.prod(mesh[a] for a in batch_axes)
+    if config.data.batch_size % n_batch:
         raise ConfigError(
             f"config.data.batch_size={config.data.batch_size} is not divisible by the batch "
-            f"axes data*fsdp={batch_axes}"
+            f"axes {'*'.join(batch_axes)}={n_batch}"
         )
     return mesh
 

@@ -80,27 +80,35 @@ def model_config(config: ml_collections.ConfigDict) -> model_lib.ModelConfig:
 def check_model_against_data(
     cfg: model_lib.ModelConfig, config, mesh_sizes: dict, *, load_files: bool = True
 ) -> None:
-    """What the mesh and tokenizer need from the model, named by field."""
+    """What the mesh, its rules (`config.mesh.rules`) and the tokenizer need from the model,
+    named by field."""
     vocab = load_tokenizer(config.data.tokenizer).vocab_size if load_files else 0
+    rules = sharding_rules(config)
+
+    def size(logical: str) -> tuple[tuple[str, ...], int]:
+        axes = sharding.rule_axes(rules[logical])
+        return axes, math.prod(mesh_sizes[a] for a in axes)
+
     if cfg.vocab_size < vocab:
         raise ConfigError(
             f"config.model: vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab} "
             f"(config.data.tokenizer={config.data.tokenizer!r})"
         )
-    if cfg.n_experts % mesh_sizes["expert"]:
-        raise ConfigError(
-            f"config.mesh.expert={mesh_sizes['expert']} does not divide the model's "
-            f"n_experts={cfg.n_experts}"
-        )
-    if cfg.n_heads % mesh_sizes["tensor"]:
-        raise ConfigError(
-            f"config.mesh.tensor={mesh_sizes['tensor']} does not divide n_heads={cfg.n_heads}"
-        )
-    batch_axes = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)
+    for logical, field, n in (
+        ("experts", "n_experts", cfg.n_experts),
+        ("heads", "n_heads", cfg.n_heads),
+    ):
+        axes, n_shards = size(logical)
+        if n % n_shards:
+            mesh = ", ".join(f"config.mesh.{a}={mesh_sizes[a]}" for a in axes)
+            raise ConfigError(
+                f"{mesh} does not divide the model's {field}={n} (the {logical!r} rule's axes)"
+            )
+    batch_names, batch_axes = size("batch")
     if config.data.batch_size % batch_axes:
         raise ConfigError(
             f"config.data.batch_size={config.data.batch_size} is not divisible by the batch "
-            f"axes {sharding.BATCH_AXES} of total size {batch_axes}"
+            f"axes {batch_names} of total size {batch_axes}"
         )
     micro = config.train.micro_batches
     if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
@@ -108,7 +116,7 @@ def check_model_against_data(
     if config.data.batch_size % (micro * batch_axes):
         raise ConfigError(
             f"config.data.batch_size={config.data.batch_size} is not divisible by "
-            f"config.train.micro_batches={micro} x the batch axes {sharding.BATCH_AXES} "
+            f"config.train.micro_batches={micro} x the batch axes {batch_names} "
             f"({batch_axes}): each micro-batch needs whole rows on every device"
         )
 
@@ -305,13 +313,19 @@ def make_mesh(mesh_sizes: dict) -> jax.sharding.Mesh:
     return sharding.make_mesh(**mesh_sizes)
 
 
+def make_layout(config: ml_collections.ConfigDict, mesh_sizes: dict) -> sharding.Layout:
+    """The stage's mesh with its rules (RULES under `config.mesh.rules`): the one value that lays
+    out its weights, activations and batches."""
+    return sharding.Layout(make_mesh(mesh_sizes), sharding_rules(config))
+
+
 def build_task(config: ml_collections.ConfigDict) -> Task:
     """The LM Task of a stage config (validated first; nothing is compiled here)."""
     mesh_sizes, cfg = validate(config, jax.device_count())
-    mesh = make_mesh(mesh_sizes)
+    layout = make_layout(config, mesh_sizes)
+    mesh = layout.mesh
     distributed.warm_collectives(mesh)  # several CPU processes: connect them while in step
-    rules = sharding_rules(config)
-    shardings = model_lib.param_shardings(cfg, mesh, rules)
+    shardings = model_lib.param_shardings(cfg, layout)
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         model_lib.abstract_params(cfg),
@@ -323,7 +337,7 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
         post_update = lambda params, aux: model_lib.update_router_bias(  # noqa: E731
             params, aux, cfg, tc.router_bias_rate
         )
-    batch_sharding = sharding.batch_sharding(mesh)
+    batch_sharding = sharding.batch_sharding(layout)
     # The rows of every global batch this process's devices hold (all of them on one host).
     shard = distributed.process_rows(batch_sharding, (config.data.batch_size, config.data.seq_len))
     heldout = []
@@ -331,17 +345,17 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
     def evaluate(params):
         if not heldout:
             heldout.extend(eval_batches(config, shard=shard))
-        return heldout_bpb(params, cfg, heldout, mesh)
+        return heldout_bpb(params, cfg, heldout, layout)
 
     def import_params(path):
-        return jax.device_put(import_hf_params(path, cfg, mesh, seed=tc.seed), shardings)
+        return jax.device_put(import_hf_params(path, cfg, layout, seed=tc.seed), shardings)
 
     peak = measured_peak_flops(cfg.dtype) if tc.measure_peak else 0.0
     return Task(
         mesh=mesh,
         abstract_params=abstract,
-        init_params=lambda key: model_lib.init_params(cfg, key, mesh, rules),
-        loss_fn=functools.partial(lm_loss, cfg=cfg, tc=tc, mesh=mesh),
+        init_params=lambda key: model_lib.init_params(cfg, key, layout),
+        loss_fn=functools.partial(lm_loss, cfg=cfg, tc=tc, mesh=layout),
         make_train_iter=lambda: iter(_train_dataset(config, shard)),
         batch_sharding=batch_sharding,
         post_update=post_update,

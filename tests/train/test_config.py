@@ -91,7 +91,7 @@ def test_seq_len_must_divide_by_context_axis():
 def test_batch_must_divide_by_data_parallelism():
     c = stage_defaults()
     c.data.batch_size = 6
-    with pytest.raises(ConfigError, match=r"config\.data\.batch_size=6 .* data\*fsdp=8"):
+    with pytest.raises(ConfigError, match=r"config\.data\.batch_size=6 .* data\*fsdp\*expert=8"):
         validate_stage(c, 8)
 
 
