@@ -1,13 +1,19 @@
 """The RL stage at real scale: Kimi-K2 (1.04T total, 33B active) trained by policy-gradient RL
 on software-engineering tasks (docs/recipe.md §2), laid out for 256 GPUs with expert parallelism
-8 (the recipe's RL layout; context parallelism 8 comes with the long-context attention work).
+8 and FSDP 32 (one 32k-token episode per GPU; the recipe's context parallelism 8 is the
+long-context config's layout).
 
 Command (on a 256-GPU cluster, after experiments/sft_kimi_k2.py; tasks in /data/swe_tasks, one
 task directory each, held-out ones in /data/swe_tasks_heldout):
     python -m c2.main --config=experiments/rl_kimi_k2.py --workdir=runs/rl_kimi_k2 --distributed
+It runs asynchronously at the default staleness bound S = 2 (`config.rl.max_staleness`: no
+trained token more than 2 versions older than the weights it updates), the engine in the
+trainer's processes (`rollout_backend` "local"; `--config.rl.rollout_backend=ray` moves the
+rollouts to a fleet, WORKSPACE.md).
 Runtime: 500 steps x 64 prompts x 16 samples; generation dominates: at 32k tokens per episode,
 about 5e8 generated tokens in all. Checked abstractly in tests/train/test_configs.py (layout and
-memory); this synchronous stage runs the engine in the trainer's processes.
+memory); per-GPU memory: `python -m c2.bench.plan --config=experiments/rl_kimi_k2.py
+--compile_for b300 --grouped_gemm xla`.
 Expected: held-out pass@1 rises with best-of-16 not falling (docs/recipe.md §2: average and
 best-of-K rose together); train/inference mismatch p99 stays small thanks to router replay.
 """
@@ -65,6 +71,9 @@ def get_config(arg=None):
     c.rl.rollout.engine_slots = 64
     c.rl.rollout.tool_workers = 64
     c.rl.rollout.run_timeout_s = 120.0
+    # The length penalty at this length: C_{0.01,0.5} is ~1,200 at 5k generated tokens and
+    # ~2,600 at 20k, so 3e-5 (rl_tiny's 5e-4 scaled) moves an advantage by ~0.04 across that.
+    c.rl.rewards.length_penalty = 3e-5
     c.rl.eval.tasks = 200
     c.rl.eval.samples = 16
     c.rl.eval.every = 50

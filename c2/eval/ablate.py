@@ -60,11 +60,11 @@ ABLATIONS: dict[str, Ablation] = {
     ),
     "no_kl": Ablation("no KL regularisation (kl_beta 0)", {"rl.objective.kl_beta": 0.0}),
     "mismatch_filter_off": Ablation(
-        "no train/inference mismatch filter (default: p99 quantile); still measured",
+        "no train/inference mismatch filter (default: p99 and 3 nats); still measured",
         {"rl.objective.mismatch_quantile": -1.0, "rl.objective.mismatch_threshold": -1.0},
     ),
     "mismatch_all_tokens": Ablation(
-        "the mismatch filter judges stale tokens too (default: only the fresh ones)",
+        "the mismatch p99 ranks stale tokens too (default: only the fresh ones)",
         {"rl.mismatch_tokens": "all"},
     ),
     "tool_call_credit_turn": Ablation(

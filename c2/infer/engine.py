@@ -440,7 +440,8 @@ class Engine:
             return
         t0 = time.perf_counter()
         params, self.version = update
-        self._params = _unstack(params)
+        # Timed until the arrays exist (dispatch alone returns at once): the swap's real pause.
+        self._params = jax.block_until_ready(_unstack(params))
         self._stats["weight_updates"] += 1
         if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
             rebuild = [seq for seq in self._slots if seq is not None and seq.fed]

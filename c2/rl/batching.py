@@ -25,6 +25,10 @@ and each segment takes a row of its own, in chain order. The advantage's unit is
 `batch_size` counts chains (B_c, group after group), `chain` [B] names each row's chain and
 `chain_valid` [B_c] marks the chains present; the rows are a multiple of B_c (one compile per
 row count). Without segments, rows and chains coincide (chain[b] = b).
+
+Failed samples (`FAILED_STOP_REASONS`: the prompt did not fit, or the episode raised on every
+attempt) are present chains whose rows are not `valid`: nothing of theirs is trained and they
+are left out of their group's baseline (a reward of 0 would raise the others' advantages).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ PACKED_TOKEN_KEYS = (
     "packed_top_p",
 )
 PACKED_KEYS = (*PACKED_TOKEN_KEYS, "packed_routing", "packed_index")
+# Samples with nothing generated: they complete their group, and train nothing.
+FAILED_STOP_REASONS = ("prompt_too_long", "rollout_error")
 
 
 def _name(s: Sample) -> str:
@@ -201,7 +207,7 @@ def make_batch(
         out["temperature"][b] = s.temperature
         out["top_p"][b] = s.top_p
         out["top_k"][b] = s.top_k
-        out["valid"][b] = True
+        out["valid"][b] = s.stop_reason not in FAILED_STOP_REASONS
         out["chain"][b] = c
     if pack_buckets is not None:
         out |= pack_groups(

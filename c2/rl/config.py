@@ -14,17 +14,21 @@ import json
 import math
 from pathlib import Path
 
+import jax.numpy as jnp
 import ml_collections
 
 from c2 import sharding
 from c2.rl.episodes import RolloutConfig
 from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
+from c2.rl.objectives.rewards import Weight
 from c2.rl.step import MISMATCH_TOKENS, TOOL_CALL_CREDITS
 from c2.train import lm
 from c2.train.config import ConfigError, check_positive, check_structure, stage_defaults
 
 # Reward terms the environment produces, besides the trainer's "kl" and "length_penalty".
 EPISODE_TERMS = ("task", "style", "communication", "tool_call_penalty")
+# Terms whose weight the config sets (rewards.<term>), each with an optional schedule.
+SCHEDULED_TERMS = ("style", "communication", "tool_call_penalty", "length_penalty")
 OBJECTIVE_FIELDS = tuple(
     f.name for f in dataclasses.fields(ObjectiveConfig) if f.name != "group_size"
 )
@@ -136,8 +140,11 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.objective.loss_constant = 0.0  # 0: group_size * the largest sequence bucket
     r.objective.clip_low = -1.0  # -1: off (None)
     r.objective.clip_high = -1.0
-    r.objective.mismatch_threshold = -1.0
-    # Reward weights (numbers; "task" is 1); the KL weight is objective.kl_beta.
+    # The mismatch filter (-1: off): the p99 ranks the tokens `mismatch_tokens` names, the
+    # threshold (nats) judges every token, stale ones included (docs/recipe.md §2, "In c2").
+    # Reward weights ("task" is 1); the KL weight is objective.kl_beta. A term's weight may follow
+    # a schedule: rewards.schedule.<term> = ((step, factor), ...) multiplies rewards.<term> by a
+    # factor linear in the optimiser step between the points and flat outside them; () constant.
     r.rewards = ml_collections.ConfigDict()
     r.rewards.style = 0.1
     r.rewards.communication = 0.1
@@ -146,9 +153,15 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # (the tokens of the turn that made the calls, on top of the episode's advantage computed
     # without it: a passing episode no longer reinforces its malformed turn). c2.rl.step.
     r.rewards.tool_call_credit = "episode"
-    r.rewards.length_penalty = 0.0
+    # The nonlinear length penalty C_{k,q}(effort) (c2/rl/objectives/length_penalty.py): on
+    # rl_tiny's ~220-token replies C is ~160 and a group's spread ~80, so 5e-4 moves an
+    # advantage by ~0.04 against the task's 0.5: shorter among equals, never a fail over a pass.
+    r.rewards.length_penalty = 5e-4
     r.rewards.length_k = 0.01
     r.rewards.length_q = 0.5
+    r.rewards.schedule = ml_collections.ConfigDict()
+    for term in SCHEDULED_TERMS:
+        r.rewards.schedule[term] = ()
     r.effort = ml_collections.ConfigDict()
     for name in EFFORT_TERMS:
         r.effort[name] = getattr(EffortWeights(), name)
@@ -220,11 +233,45 @@ def rollout_config(config: ml_collections.ConfigDict) -> RolloutConfig:
         raise ConfigError(message.replace("RolloutConfig", "config.rl.rollout")) from e
 
 
-def reward_weights(config: ml_collections.ConfigDict) -> dict[str, float]:
+def reward_weights(config: ml_collections.ConfigDict) -> dict[str, Weight]:
+    """term -> weight: a number, or (with rewards.schedule.<term>) a function of the step."""
     w = config.rl.rewards
-    return {
-        k: float(w[k]) for k in ("style", "communication", "tool_call_penalty", "length_penalty")
-    }
+    out = {}
+    for term in SCHEDULED_TERMS:
+        points = _schedule_points(config, term)
+        weight = float(w[term])
+        out[term] = weight if not points or weight == 0 else _scheduled(weight, points)
+    return out
+
+
+def _scheduled(weight: float, points: tuple[tuple[int, float], ...]) -> Weight:
+    steps = jnp.asarray([p[0] for p in points], jnp.float32)
+    factors = jnp.asarray([p[1] for p in points], jnp.float32)
+    return lambda step: weight * jnp.interp(jnp.asarray(step, jnp.float32), steps, factors)
+
+
+def _schedule_points(config: ml_collections.ConfigDict, term: str):
+    """rewards.schedule.<term> checked: ((step, factor), ...), steps increasing ints >= 0,
+    factors finite >= 0; a ConfigError naming the field otherwise."""
+    points = config.rl.rewards.schedule[term]
+    field = f"config.rl.rewards.schedule.{term}={points!r}"
+    try:
+        pairs = tuple((p[0], p[1]) for p in points if len(p) == 2)
+    except TypeError:
+        pairs = ()
+    if len(pairs) != len(points):
+        raise ConfigError(f"{field}: expected (step, factor) pairs, e.g. ((0, 0.0), (20, 1.0))")
+    for step, factor in pairs:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"{field}: step {step!r} is not an int >= 0")
+        if isinstance(factor, bool) or not isinstance(factor, int | float):
+            raise ConfigError(f"{field}: factor {factor!r} is not a number")
+        if not (math.isfinite(factor) and factor >= 0):
+            raise ConfigError(f"{field}: factor {factor!r} is not finite and >= 0")
+    steps = [p[0] for p in pairs]
+    if steps != sorted(set(steps)):
+        raise ConfigError(f"{field}: steps must increase")
+    return pairs
 
 
 def effort_weights(config: ml_collections.ConfigDict) -> EffortWeights:
@@ -244,6 +291,7 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
     check_positive(config, *(f"rl.{name}" for name in zero_ok), allow_zero=True)
+    _check_rewards(config)
     if config.train.stop_at:
         raise ConfigError(
             f"config.train.stop_at={config.train.stop_at}: the RL stage runs to config.train.steps "
@@ -324,6 +372,28 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     if load_files and config.init_from:
         check_init_positions(config, cfg)
     return mesh_sizes, cfg, objective_config(config), rollout_config(config)
+
+
+def _check_rewards(config: ml_collections.ConfigDict) -> None:
+    """The schedules, and what a length penalty that is on needs."""
+    r = config.rl
+    for term in SCHEDULED_TERMS:
+        _schedule_points(config, term)
+    if r.rewards.length_penalty == 0:
+        return
+    if not r.rewards.length_k > 0:
+        raise ConfigError(
+            f"config.rl.rewards.length_k={r.rewards.length_k}: expected > 0 while "
+            f"config.rl.rewards.length_penalty={r.rewards.length_penalty} (0 turns it off)"
+        )
+    if not math.isfinite(r.rewards.length_q):
+        raise ConfigError(f"config.rl.rewards.length_q={r.rewards.length_q}: expected a number")
+    effort_weights(config)  # each weight >= 0, named
+    if not any(float(v) for v in r.effort.values()):
+        raise ConfigError(
+            f"config.rl.effort: every weight is 0, so the length penalty "
+            f"(config.rl.rewards.length_penalty={r.rewards.length_penalty}) measures nothing"
+        )
 
 
 def packs_groups(config: ml_collections.ConfigDict) -> bool:

@@ -237,7 +237,19 @@ class EpisodeRunner:
         self.limit = min(config.max_tokens, engine.max_len)
         self.stats: dict[str, float] = {}  # of the last run / stream
         self.errors: list[tuple[str, int, str]] = []  # (group, sample, reason), every failure
-        self.counts: Counter = Counter()  # errors by where they happened, episodes given up
+        # "errors/<where>": failed attempts by where they failed; "gave_up": episodes that
+        # failed every attempt. Written by the playing thread, read by others (`error_counts`).
+        self.counts: Counter = Counter()
+        self._counts_lock = threading.Lock()
+
+    def error_counts(self) -> dict[str, int]:
+        """A snapshot of `counts`, safe to take from another thread while episodes play."""
+        with self._counts_lock:
+            return dict(self.counts)
+
+    def _count(self, key: str) -> None:
+        with self._counts_lock:
+            self.counts[key] += 1
 
     # The loop --------------------------------------------------------------------------------
 
@@ -298,13 +310,13 @@ class EpisodeRunner:
             """Play `req` again, or give up on it with a failed sample."""
             reason = f"{where}: {type(error).__name__}: {error}"
             self.errors.append((req.group_id, req.sample_index, reason))
-            self.counts[f"errors/{where}"] += 1
+            self._count(f"errors/{where}")
             log.warning("episode %s/%d failed (%s)", req.group_id, req.sample_index, reason)
             attempts[_key(req)] += 1
             if attempts[_key(req)] < self.config.max_attempts:
                 retry.append(req)
             else:
-                self.counts["errors/gave_up"] += 1
+                self._count("gave_up")
                 on_sample(self._failed_sample(req, reason))
 
         def drop(ep: _Live) -> None:
@@ -597,24 +609,21 @@ class EpisodeRunner:
             passed=record.passed,
             stop_reason=ep.stop_reason,
             failure_reason=record.failure_reason,
-            info={
-                "episode_id": ep.episode_id,
-                "turns": ep.turns,
-                "segments": len(live.segments) + 1,
-                "summaries_cut": live.summaries_cut,
-                "tool_calls": ep.tool_calls,
-                "invalid_tool_calls": ep.invalid_tool_calls,
-                "calls_after_submit": live.calls_after_submit,
-                "tool_errors": ep.tool_errors,
-                "wall_s": round(ep.wall_s, 3),
-                "final_message": ep.final_message,
-                "quality": record.quality,
-                "correctness": {
-                    k: record.correctness[k]
-                    for k in ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
-                },
-                "sandbox_limits_hit": record.interaction["sandbox_limits_hit"],
-            },
+            info=episode_info(
+                episode_id=ep.episode_id,
+                turns=ep.turns,
+                segments=len(live.segments) + 1,
+                summaries_cut=live.summaries_cut,
+                tool_calls=ep.tool_calls,
+                invalid_tool_calls=ep.invalid_tool_calls,
+                calls_after_submit=live.calls_after_submit,
+                tool_errors=ep.tool_errors,
+                wall_s=round(ep.wall_s, 3),
+                final_message=ep.final_message,
+                quality=record.quality,
+                correctness={k: record.correctness[k] for k in CORRECTNESS_KEYS},
+                sandbox_limits_hit=record.interaction["sandbox_limits_hit"],
+            ),
         )
 
         # Every segment carries the chain's grade and reward terms: one reward for the chain.
@@ -642,7 +651,7 @@ class EpisodeRunner:
             passed=False,
             stop_reason="rollout_error",
             failure_reason=reason,
-            info={"episode_id": f"{req.group_id}-{req.sample_index}", "turns": 0},
+            info=episode_info(episode_id=f"{req.group_id}-{req.sample_index}"),
         )
 
     def _sample(self, req: EpisodeRequest, **fields) -> Sample:
@@ -658,6 +667,42 @@ class EpisodeRunner:
             top_k=int(c.top_k),
             **fields,
         )
+
+
+def error_metrics(counts: dict[str, int]) -> dict[str, float]:
+    """The trainer's record of `EpisodeRunner.error_counts()` (summed over runners): failed
+    attempts (`rollout_errors`) and episodes that failed every attempt (`rollout_gave_up`, each
+    once: its attempts are already among the errors)."""
+    errors = sum(n for k, n in counts.items() if k.startswith("errors/"))
+    return {"rollout_errors": float(errors), "rollout_gave_up": float(counts.get("gave_up", 0))}
+
+
+CORRECTNESS_KEYS = ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
+
+
+def episode_info(**given) -> dict:
+    """A sample's `info`: every key, at its value for an episode that did nothing (a failed
+    sample), overridden by `given`. Graded and failed samples carry the same keys, so a reader
+    (the trainer's metrics, c2/eval/run.py) never meets a missing one."""
+    info = {
+        "episode_id": "",
+        "turns": 0,
+        "segments": 1,
+        "summaries_cut": 0,
+        "tool_calls": 0,
+        "invalid_tool_calls": 0,
+        "calls_after_submit": 0,
+        "tool_errors": 0,
+        "wall_s": 0.0,
+        "final_message": None,
+        "quality": {"changed_py_files": [], "new_findings": None},  # None: never graded
+        "correctness": dict.fromkeys(CORRECTNESS_KEYS),
+        "sandbox_limits_hit": [],
+    }
+    unknown = set(given) - set(info)
+    if unknown:
+        raise ValueError(f"episode_info: unknown keys {sorted(unknown)}; known: {sorted(info)}")
+    return info | given
 
 
 def _key(req: EpisodeRequest) -> tuple[str, int]:

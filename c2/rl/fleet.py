@@ -49,6 +49,7 @@ import dataclasses
 import io
 import logging
 import os
+import shutil
 import tarfile
 import tempfile
 import threading
@@ -59,7 +60,7 @@ from pathlib import Path
 import zstandard
 
 from c2.rl import orchestrator
-from c2.rl.episodes import EpisodeRequest, RolloutConfig
+from c2.rl.episodes import EpisodeRequest, RolloutConfig, error_metrics
 from c2.rl.records import Sample
 
 log = logging.getLogger(__name__)
@@ -139,7 +140,9 @@ class RolloutWorker:
         from c2.rl.weight_sync import BackgroundFetcher, WeightSubscriber
 
         self.spec, self.index = spec, index
-        self.scratch = Path(tempfile.mkdtemp(prefix=f"c2-rollout-worker{index}-"))
+        # Named by process: what a worker holds on disk (its live episodes' workspaces) is found
+        # from its pid.
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"c2-rollout-worker{index}-{os.getpid()}-"))
         (self.scratch / "tasks").mkdir()
         self.subscriber = WeightSubscriber(
             spec.weight_url, subscriber_id=f"rollout-worker-{index}-{os.getpid()}"
@@ -161,7 +164,9 @@ class RolloutWorker:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._fetcher = BackgroundFetcher(self.subscriber, self._deliver, poll_s=spec.poll_s)
+        self._fetcher = BackgroundFetcher(
+            self.subscriber, self._deliver, poll_s=spec.poll_s, on_fatal=self._fail
+        )
         self._fetcher.start()
         self._thread = threading.Thread(target=self._serve, name="episodes", daemon=True)
         self._thread.start()
@@ -202,7 +207,7 @@ class RolloutWorker:
                 "samples": done,
                 "version": self.version,
                 "want": self._want(),
-                "errors": dict(self.runner.counts),
+                "errors": self.runner.error_counts(),
                 "stats": dict(self.stats),
             }
 
@@ -213,6 +218,7 @@ class RolloutWorker:
         self._thread.join()
         self._fetcher.stop()
         self.subscriber.close()
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     # Inside the worker -----------------------------------------------------------------------
 
@@ -233,10 +239,14 @@ class RolloutWorker:
     def _serve(self) -> None:
         try:
             self.runner.stream(self._take, self._finish, idle=self._idle, stop=self._stop)
-        except BaseException as e:  # raised to the driver at its next exchange
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        """Raised to the driver at its next exchange (the run stops with it)."""
+        with self._cond:
+            self._error = self._error or error
+            self._cond.notify_all()
 
     def _take(self, n: int) -> list[EpisodeRequest]:
         with self._cond:
@@ -366,7 +376,7 @@ class RayRollouts(orchestrator.Collector):
         # (group, sample) -> the workers, (index, incarnation), that returned it stale
         self._stale_from: dict[tuple[str, int], set[tuple[int, int]]] = {}
         self._blobs: dict[str, bytes] = {}
-        self._lost_errors = 0  # episode errors counted by workers since lost
+        self._lost_errors: Counter = Counter()  # episode error counts of workers since lost
 
     def start(self) -> RayRollouts:
         """Launch the workers (in parallel) and their driver threads."""
@@ -515,7 +525,8 @@ class RayRollouts(orchestrator.Collector):
         log.warning("%s; its %d episodes are played again", error, len(h.inflight))
         with self._cond:
             self.counts["worker_deaths"] += 1
-            self._lost_errors += sum(h.errors.values())
+            self.counts["replayed"] += len(h.inflight)
+            self._lost_errors.update(h.errors)
             self._retry.extend(h.inflight.values())
             h.inflight.clear()
             self._handles.remove(h)
@@ -556,12 +567,13 @@ class RayRollouts(orchestrator.Collector):
 
     def metrics(self) -> dict[str, float]:
         with self._cond:
-            errors = self._lost_errors + sum(sum(h.errors.values()) for h in self._handles)
+            errors = sum((Counter(h.errors) for h in self._handles), Counter(self._lost_errors))
             refreshed = sum(h.stats.get("refreshed", 0) for h in self._handles)
-            return {
-                "rollout_errors": float(errors),
+            return error_metrics(errors) | {
                 "fleet/workers": float(len(self._handles)),
                 "fleet/worker_deaths": float(self.counts["worker_deaths"]),
+                # episodes a dead worker held, played again elsewhere
+                "fleet/replayed": float(self.counts["replayed"]),
                 "fleet/restarts": float(self.counts["restarts"]),
                 "fleet/starting": float(self.counts["starting"]),  # replacements being built
                 "fleet/regenerated": float(self.counts["regenerated"]),

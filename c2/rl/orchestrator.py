@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from c2.rl.episodes import EpisodeRequest, EpisodeRunner
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner, error_metrics
 from c2.rl.records import Sample
 
 
@@ -138,7 +138,9 @@ class InProcessWeights:
     def initial(self, params, version: int):
         return params
 
-    def start(self, deliver: Callable[[object, int], None]) -> None:
+    def start(
+        self, deliver: Callable[[object, int], None], fail: Callable[[BaseException], None]
+    ) -> None:
         self._deliver = deliver
 
     def publish(self, params, version: int) -> None:
@@ -152,7 +154,8 @@ class StoreWeights:
     """New weights travel through the weight store (c2/rl/weight_sync.py): the trainer publishes
     each version (a delta in the serving dtype); a background fetcher decodes it off the
     engine's path and hands it to the engine. A (re)started run writes under
-    `url/from_step_NNNNNN`, so versions a crash undid never mix with the resumed run's."""
+    `url/from_step_NNNNNN`, so versions a crash undid never mix with the resumed run's. A fetch
+    that keeps failing (the fetcher's retries spent) is handed to `fail`: it stops the run."""
 
     def __init__(self, url: str, *, dtype: str, full_every: int, start: int):
         from c2.rl import weight_sync
@@ -174,8 +177,12 @@ class StoreWeights:
             )
         return served
 
-    def start(self, deliver: Callable[[object, int], None]) -> None:
-        self._fetcher = self._sync.BackgroundFetcher(self.subscriber, deliver, poll_s=0.02)
+    def start(
+        self, deliver: Callable[[object, int], None], fail: Callable[[BaseException], None]
+    ) -> None:
+        self._fetcher = self._sync.BackgroundFetcher(
+            self.subscriber, deliver, poll_s=0.02, on_fatal=fail
+        )
         self._fetcher.start()
 
     def publish(self, params, version: int) -> None:
@@ -217,7 +224,7 @@ class Collector:
         with self._cond:
             while True:
                 if self._error is not None:
-                    raise RuntimeError("the rollouts failed") from self._error
+                    raise RuntimeError(f"the rollouts failed: {self._error}") from self._error
                 chosen = self.scheduler.select(step)
                 if chosen is not None:
                     self.scheduler.consume(chosen)
@@ -265,17 +272,22 @@ class AsyncRollouts(Collector):
     # The rollout thread ----------------------------------------------------------------------
 
     def start(self) -> AsyncRollouts:
-        self.weights.start(self._deliver)
+        self.weights.start(self._deliver, self._fail)
         self._thread.start()
         return self
 
     def _serve(self) -> None:
         try:
             self.runner.stream(self._take, self._finished, idle=self._idle, stop=self._stop)
-        except BaseException as e:  # handed to the trainer, which raises it
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
+        except BaseException as e:
+            self._fail(e)
+
+    def _fail(self, error: BaseException) -> None:
+        """Generation cannot go on (the rollout thread raised, or new weights cannot reach the
+        engine): the trainer's `next_groups` raises it."""
+        with self._cond:
+            self._error = self._error or error
+            self._cond.notify_all()
 
     def _generating(self) -> bool:
         return self._thread.is_alive()
@@ -312,7 +324,7 @@ class AsyncRollouts(Collector):
 
     def metrics(self) -> dict[str, float]:
         """Per-step counters for the trainer's record: episode errors so far."""
-        return {"rollout_errors": float(sum(self.runner.counts.values()))}
+        return error_metrics(self.runner.error_counts())
 
     def close(self) -> None:
         """Stop generating; episodes in flight are dropped (their prompts stay untrained)."""
@@ -340,6 +352,4 @@ def staleness_metrics(groups: Sequence[Group], step: int, per_sample: dict) -> d
         at = stale == d
         out[f"staleness/{d}"] = float(at.sum() / len(samples))
         out[f"mismatch_mean/staleness_{d}"] = float(np.mean(per_sample["mismatch_mean"][at]))
-    adv = np.asarray(per_sample["advantage"]).reshape(len(groups), -1)
-    out["groups_zero_advantage"] = float(np.mean(np.all(adv == 0, axis=1)))
     return out

@@ -18,6 +18,18 @@ reward_terms, passed, trained_step` (and more, below); routed experts go to a bi
 located by each record's `routing` entry {file, offset, length}. One line per segment: `chain_id`
 ("group_id/sample_index"), `segment` (0, 1, ...) and `segments` (the chain's length) say which; a
 reader counting episodes takes the lines with segment == segments - 1.
+
+What the step and version fields count (docs/recipe.md §2, "Asynchrony"):
+  versions      per token, the policy version that sampled it: the weights after that many
+                optimiser steps (0: the RL start weights); -1 on ids not generated.
+  trained_step  the run's step that trained the sample, 1-based as the run counts steps (its
+                rollouts file is step_<trained_step>.jsonl, its metrics row has that `step`):
+                the update applied to version trained_step - 1 (the 0-based optimiser step)
+                and produced version trained_step. None until trained.
+  staleness     trained_step - 1 - min(versions of this record's generated ids): how many
+                versions older than the weights it updated its oldest token is, at most
+                config.rl.max_staleness (None: nothing generated, or not trained). Computing it
+                as trained_step - min(versions) counts one too many.
 """
 
 from __future__ import annotations
@@ -131,6 +143,15 @@ class Sample:
         return f"{self.group_id}/{self.sample_index}"
 
     @property
+    def staleness(self) -> int | None:
+        """trained_step - 1 (the optimiser step that trained it) minus the oldest version of
+        this segment's generated ids; None when nothing was generated or it is not trained."""
+        v = self.versions[self.loss_mask > 0]
+        if self.trained_step is None or not v.size:
+            return None
+        return int(self.trained_step) - 1 - int(v.min())
+
+    @property
     def min_version(self) -> int:
         """The oldest policy version among the generated ids of the chain (-1 if none)."""
         v = np.concatenate([s.versions[s.loss_mask > 0] for s in self.chain])
@@ -151,6 +172,7 @@ class Sample:
             "reward_terms": self.reward_terms,
             "passed": self.passed,
             "trained_step": self.trained_step,
+            "staleness": self.staleness,
             "task_id": self.task_id,
             "sampling": {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k},
             "effort": self.effort,

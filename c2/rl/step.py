@@ -4,7 +4,10 @@ filter, policy-gradient loss, gradients accumulated over micro-batches, one Adam
 The learner is algorithm-blind beyond `ObjectiveConfig`: every choice is a function of
 c2.rl.objectives, composed as c2/rl/objectives/loss.py describes. Three policies, kept apart:
 behaviour (`batch["behaviour_logp"]`, recorded by the engine), current (the trainer's forward
-with `params`) and reference (`ref_params`, the frozen RL start, for k1).
+with `params`, the engine's experts replayed) and reference (`ref_params`, the frozen RL start,
+for k1). The reference routes every token itself: k1 compares the current policy with the
+reference *policy*, router included; replaying the sampler's experts there would measure the
+reference's weights under the current router's choices, blind to the router's own drift.
 
 Log-probs are those of each row's *sampling* distribution (temperature, top-k, top-p), with the
 engine's experts replayed (`routing=`), so they compare with the behaviour log-probs token by
@@ -55,6 +58,7 @@ from c2.rl.batching import (
     ROW_KEYS,
     TOKEN_KEYS,
 )
+from c2.rl.credit import MISMATCH_TOKENS, chain_advantages, group_counts, mismatch_keep
 from c2.rl.objectives import (
     REWARD_SIGNS,
     EffortWeights,
@@ -65,9 +69,6 @@ from c2.rl.objectives import (
     kl_token_loss,
     length_penalty,
     loss_normalizers,
-    mismatch_filter,
-    objective_advantages,
-    objective_mismatch_filter,
     rl_loss,
     sequence_kl,
 )
@@ -138,7 +139,6 @@ def _check_fields(batch, shapes: dict, int_keys, context: str) -> None:
             raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
 
 
-MISMATCH_TOKENS = ("fresh", "all")
 TOOL_CALL_CREDITS = ("episode", "turn")
 
 
@@ -154,9 +154,9 @@ class RLLearner:
       same values, and no [B, T, V] float32 logits in the step (`config.train.loss_chunk_tokens`;
       must divide every sequence bucket). 0: whole.
     packed_attention_block: the query and key block of the packed rows' blockwise attention.
-    mismatch_tokens: which tokens the objective's mismatch filter judges: "fresh" (sampled by
+    mismatch_tokens: which tokens the objective's mismatch quantile ranks: "fresh" (sampled by
       the weights this step updates; older ones are kept, their importance weights correct
-      them) or "all".
+      them) or "all"; its threshold judges every token (c2.rl.credit.mismatch_keep).
     tool_call_credit: where the tool-call penalty lands: "episode" (a term of the episode's
       reward, so its advantage carries it to every token) or "turn" (the turn that made the
       calls: its tokens' advantage is the episode's, computed without the term, less the
@@ -292,6 +292,12 @@ class RLLearner:
         self._logp_jit = jax.jit(
             self._logp_batch, out_shardings=(token_sharding,) * 3, compiler_options=options
         )
+        # The reference's temperature-only log-probs, its own router choosing (module doc).
+        self._ref_logp_jit = jax.jit(
+            lambda p, batch: self._logp_batch(p, batch, replay=False)[2],
+            out_shardings=token_sharding,
+            compiler_options=options,
+        )
         # Metrics and per-sample values replicated: every process (host) can read them whole.
         replicated = NamedSharding(mesh, P())
         self._update_jit = jax.jit(
@@ -333,7 +339,9 @@ class RLLearner:
         (the argument of reward-weight and learning-rate schedules). ref_params: the frozen RL
         start (needed for a KL term; may be None without one).
         Returns (params, opt_state, metrics: name -> scalar, per_sample: name -> [B]), arrays on
-        device: per_sample holds "reward" (the total), each signed "reward/<term>", "kl",
+        device: metrics include "failed_samples", "groups_too_few_valid" and
+        "groups_zero_advantage" (c2.rl.credit.group_counts); per_sample holds "reward" (the
+        row's total), each signed "reward/<term>", "kl" (the row's k1 to the reference),
         "advantage" and "mismatch_mean" / "mismatch_max" (|train - behaviour| log-probs over the
         sample's targets).
         """
@@ -357,11 +365,13 @@ class RLLearner:
         `compile_only`, the log-prob forwards whose outputs the update reads are compiled, not
         run, and stand in the arguments as their shapes."""
 
-        def logp(p, b):
+        def logp(p, b, jitted=self._logp_jit):
             if not compile_only:
-                return self._logp_jit(p, b)
-            out = self._logp_jit.lower(p, b).compile().out_info
-            return tuple(jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in out)
+                return jitted(p, b)
+            out = jitted.lower(p, b).compile().out_info
+            return jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), out
+            )
 
         B, _ = self.check_batch(batch)
         terms, effort_counts = self._check_rewards(terms, effort_counts, B)
@@ -382,7 +392,7 @@ class RLLearner:
                 )
         opt_state = jax.device_put(opt_state, self.opt_shardings)
         batch = self._put_batch(batch)
-        ref_kl_logp_BT = None if ref_params is None else logp(ref_params, batch)[2]
+        ref_kl_logp_BT = None if ref_params is None else logp(ref_params, batch, self._ref_logp_jit)
         rows = NamedSharding(self.mesh, self._row_spec)
         terms = {k: _place(v, rows) for k, v in terms.items()}
         effort_counts = {k: _place(v, rows) for k, v in effort_counts.items()}
@@ -554,18 +564,20 @@ class RLLearner:
 
     # Traced functions ---------------------------------------------------------------------------
 
-    def _token_logp(self, params, mb: dict, cfg: ModelConfig | None = None):
+    def _token_logp(self, params, mb: dict, cfg: ModelConfig | None = None, replay=None):
         """Per micro-batch [mb, T]: the sampling distribution's log-prob of each target (finite),
         whether the target is in its support, and the log-prob under logits / temperature with no
-        top-k/top-p (what KL compares: the reference's support need not hold the target)."""
+        top-k/top-p (what KL compares: the reference's support need not hold the target).
+        `replay` (default `router_replay`): force the recorded experts, else route live."""
         chunk = self.logit_chunk_tokens
+        replay = self.router_replay if replay is None else replay
         logits_BTV, aux = model_lib.forward(
             params,
             mb["inputs"],
             cfg or self._fwd_cfg,
             positions=mb["positions"],
             segment_ids=mb["segment_ids"],
-            routing=mb["routing"] if self.router_replay else None,
+            routing=mb["routing"] if replay else None,
             mesh=self.mesh,
             return_hidden=bool(chunk),
         )
@@ -593,18 +605,18 @@ class RLLearner:
         _, out = jax.lax.scan(body, None, xs)
         return tuple(from_chunks(x_nBC) for x_nBC in out)
 
-    def _logp_batch(self, params, batch):
+    def _logp_batch(self, params, batch, replay=None):
         if "packed_index" in batch:
-            return self._logp_packed(params, batch)
+            return self._logp_packed(params, batch, replay)
 
         def body(_, mb):
-            return None, self._token_logp(params, mb)
+            return None, self._token_logp(params, mb, replay=replay)
 
         rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS + PACKED_KEYS}
         _, out = jax.lax.scan(body, None, self._micro(rows))
         return tuple(self._merge(x_nBT) for x_nBT in out)
 
-    def _logp_packed(self, params, batch):
+    def _logp_packed(self, params, batch, replay=None):
         """_logp_batch's values from the packed groups' forward (c2.rl.batching): the packed
         rows run in micro-batches, and each sample's [B, T] values are read back by
         packed_index."""
@@ -615,7 +627,7 @@ class RLLearner:
         rows = self._packed_rows_per_micro(R, batch["inputs"].shape[0])
 
         def body(_, mb):
-            return None, self._token_logp(params, mb, self._packed_cfg)
+            return None, self._token_logp(params, mb, self._packed_cfg, replay)
 
         _, out = jax.lax.scan(body, None, self._micro(packed, rows))
         index_BT = batch["packed_index"]
@@ -640,49 +652,18 @@ class RLLearner:
         total_B, log = combine_rewards(terms, weights, step)
         return total_B, log, kl_B
 
-    def _mismatch_filter(self, batch, logp_BT, mask_BT, step):
-        """The objective's mismatch filter on the tokens `mismatch_tokens` names: (keep_BT,
-        stats). The statistics describe every token; with "fresh", the filter (its quantile
-        included) sees only those of version `step` and keeps the rest."""
-        obj, behaviour_BT = self.objective, batch["behaviour_logp"]
-        if self.mismatch_tokens == "all":
-            return objective_mismatch_filter(obj, logp_BT, behaviour_BT, mask_BT)
-        _, stats = mismatch_filter(logp_BT, behaviour_BT, mask_BT, level=obj.mismatch_level)
-        fresh_BT = mask_BT & (batch["target_versions"] == step)
-        keep_fresh_BT, fresh = objective_mismatch_filter(obj, logp_BT, behaviour_BT, fresh_BT)
-        keep_BT = keep_fresh_BT | (mask_BT & ~fresh_BT)
-        drop_BT = mask_BT & ~keep_BT
-        valid_B = mask_BT.any(-1)
-        return keep_BT, stats | {
-            "mismatch_threshold": fresh["mismatch_threshold"],
-            "frac_tokens_dropped": drop_BT.sum() / jnp.maximum(mask_BT.sum(), 1),
-            "frac_samples_with_drops": drop_BT.any(-1).sum() / jnp.maximum(valid_B.sum(), 1),
-            "frac_tokens_fresh": fresh_BT.sum() / jnp.maximum(mask_BT.sum(), 1),
-        }
-
-    def _chain_advantages(self, total_B, valid_B, chain_B, chain_valid_C):
-        """Advantages by chain: a chain's reward is the mean of its rows' (its segments share the
-        environment's terms and effort; the KL term, per segment, is averaged), the configured
-        estimator runs over chains group by group, and each row takes its chain's advantage.
-        Without segments (chain_B = arange(B)) this is the estimator on the rows."""
-        C = chain_valid_C.shape[0]
-        w_B = valid_B.astype(jnp.float32)
-        n_C = jax.ops.segment_sum(w_B, chain_B, num_segments=C)
-        reward_C = jax.ops.segment_sum(total_B * w_B, chain_B, num_segments=C)
-        reward_C = reward_C / jnp.maximum(n_C, 1.0)
-        adv_C = objective_advantages(self.objective, reward_C, chain_valid_C & (n_C > 0))
-        return jnp.where(valid_B, adv_C[chain_B], 0.0)
-
     def _advantages(self, batch, total_B, log):
         """(adv_B, what the loss weighs each token by: [B] or [B, T]). adv_B is the chain's
-        advantage; with tool_call_credit="turn" it leaves the tool-call penalty out, and each
-        token takes its turn's penalty (`target_penalty`, signed and weighted) on top."""
-        valid_B, chain_B, chain_valid_C = batch["valid"], batch["chain"], batch["chain_valid"]
+        advantage (c2.rl.credit: a chain's KL is the sum of its segments'); with
+        tool_call_credit="turn" it leaves the tool-call penalty out, and each token takes its
+        turn's penalty (`target_penalty`, signed and weighted) on top."""
+        valid_B = batch["valid"]
+        kl_B = log.get("reward/kl", jnp.zeros_like(total_B))
         term = "reward/tool_call_penalty"
         if self.tool_call_credit == "episode" or term not in log:
-            adv_B = self._chain_advantages(total_B, valid_B, chain_B, chain_valid_C)
+            adv_B = chain_advantages(self.objective, total_B, kl_B, batch)
             return adv_B, adv_B
-        adv_B = self._chain_advantages(total_B - log[term], valid_B, chain_B, chain_valid_C)
+        adv_B = chain_advantages(self.objective, total_B - log[term], kl_B, batch)
         per_call = REWARD_SIGNS["tool_call_penalty"] * log["weight/tool_call_penalty"]
         adv_BT = adv_B[:, None] + per_call * batch["target_penalty"]
         return adv_B, jnp.where(valid_B[:, None], adv_BT, 0.0)
@@ -695,7 +676,9 @@ class RLLearner:
         valid_B = batch["valid"]
         targets_BT = (batch["target_mask"] > 0) & valid_B[:, None]
         mask_BT = targets_BT & support_BT
-        keep_BT, mismatch = self._mismatch_filter(batch, logp_BT, mask_BT, step)
+        keep_BT, mismatch = mismatch_keep(
+            self.objective, self.mismatch_tokens, batch, logp_BT, mask_BT, step
+        )
         total_B, log, kl_B = self._rewards(
             kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step
         )
@@ -711,6 +694,7 @@ class RLLearner:
             adv_B=adv_B,
             adv=adv,
             normalizers=loss_normalizers(keep_BT),
+            groups=group_counts(self.objective.group_size, terms["task"], batch),
         )
 
     @property
@@ -853,7 +837,7 @@ class RLLearner:
         if self.schedule is not None:
             metrics["lr"] = jnp.asarray(self.schedule(step), jnp.float32)
         metrics |= {k: v for k, v in whole.items() if k.startswith(("is_", "frac_"))}
-        metrics |= w["mismatch"]
+        metrics |= w["mismatch"] | w["groups"]
         # Per sample: the mean and largest |train - behaviour| log-prob gap over its targets.
         gap_BT = jnp.where(mask_BT, jnp.abs(logp_BT - batch["behaviour_logp"]), 0.0)
         n_B = jnp.maximum(mask_BT.sum(-1), 1).astype(jnp.float32)

@@ -13,7 +13,7 @@ trained them; held-out evaluations (pass@1, best-of-K), on an engine of their ow
 weights of that step, to DIR/rollouts/eval_NNNNNN.jsonl and DIR/eval.jsonl. The prompt ledger is
 single-epoch: the ids trained are saved with every checkpoint; a resumed run (after a crash,
 even SIGKILL) regenerates whatever was in flight, trains no prompt twice and skips none, and
-moves the rollout files of steps the crash undid to DIR/rollouts/discarded/.
+moves the rollout and evaluation files of steps the crash undid to DIR/rollouts/discarded/.
 """
 
 from __future__ import annotations
@@ -364,8 +364,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             )
             bar.update(1)
             if step % config.train.checkpoint_every == 0 or step == steps:
-                meta = {"consumed": ledger.consumed, "counters": dataclasses.asdict(counters)}
-                ckpt.save(step, params, opt_state, meta, None, force=True)
+                _save(ckpt, step, params, opt_state, ledger, counters)
     finally:
         rollouts.close()
         bar.close()
@@ -418,10 +417,23 @@ def _check_staleness(samples: list[Sample], step: int, bound: int) -> None:
             )
 
 
+def _save(ckpt, step: int, params, opt_state, ledger: Ledger, counters: Counters) -> None:
+    """Checkpoint the state after `step`. orbax writes `meta` on a thread of its own after this
+    returns, while the next step extends the ledger: it gets a copy of the ledger as it is."""
+    meta = {"consumed": list(ledger.consumed), "counters": dataclasses.asdict(counters)}
+    ckpt.save(step, params, opt_state, meta, None, force=True)
+
+
 def _set_aside_lost_steps(rollouts_dir: Path, start: int) -> None:
-    """Rollout files of steps after the restored checkpoint describe training a crash undid:
-    move them to rollouts/discarded/ (kept for inspection, out of the committed history)."""
-    lost = [p for p in rollouts_dir.glob("step_*") if int(p.name[5:11]) > start]
+    """Rollout files (training `step_*` and held-out `eval_*`, with their routing side files)
+    of steps after the restored checkpoint describe what a crash undid: move them to
+    rollouts/discarded/ (kept for inspection, out of the committed history)."""
+    lost = [
+        p
+        for pattern in ("step_*", "eval_*")
+        for p in rollouts_dir.glob(pattern)
+        if p.is_file() and int(p.name[5:11]) > start
+    ]
     if not lost:
         return
     aside = rollouts_dir / "discarded"

@@ -1,10 +1,28 @@
-"""Fixtures shared by the episode tests: the agent chat rendering and a namespace sandbox."""
+"""Fixtures shared by the RL tests: the agent chat rendering and a namespace sandbox.
+
+Without bubblewrap namespaces (or another piece the RL tests need, such as Ray) the tests that
+need it skip on a developer's machine but fail in CI (the `CI` environment variable, as in
+tests/envs/conftest.py): there a missing sandbox must not quietly remove the RL stage's tests.
+"""
+
+import os
 
 import pytest
 
 from c2.data.chat import AgentChat
 from c2.data.tokenizer import ByteTokenizer
 from c2.envs.sandbox import Sandbox
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+def skip_or_fail(msg: str) -> None:
+    """Skip locally; fail in CI, naming what is missing."""
+    if in_ci():
+        pytest.fail(f"CI={os.environ['CI']} expects it: {msg}", pytrace=False)
+    pytest.skip(msg)
 
 
 @pytest.fixture(scope="module")
@@ -16,5 +34,14 @@ def chat():
 def sandbox():
     sb = Sandbox()
     if not sb.isolated:
-        pytest.skip(f"needs a namespace sandbox; this machine has {sb.isolation.describe()}")
+        skip_or_fail(f"needs a namespace sandbox; this machine has {sb.isolation.describe()}")
     return sb
+
+
+@pytest.fixture(scope="session")
+def ray_installed():
+    """The Ray fleet's tests need the distributed extra (CI installs it)."""
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        skip_or_fail("the Ray fleet needs the distributed extra: pip install -e '.[distributed]'")

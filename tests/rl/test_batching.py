@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from c2.model import presets
-from c2.rl.batching import BATCH_KEYS, make_batch, reward_arrays
+from c2.rl.batching import BATCH_KEYS, FAILED_STOP_REASONS, make_batch, reward_arrays
 from c2.rl.records import Sample
 
 CFG = presets.get("tiny_kimi_k2", vocab_size=64, max_seq_len=64, n_layers=3)  # 2 MoE layers
@@ -73,6 +73,19 @@ def test_shapes_shift_and_padding():
         )
     assert b["target_mask"][2:].sum() == 0 and b["segment_ids"][2:].sum() == 0
     assert (b["inputs"][2:] == PAD).all()
+
+
+@pytest.mark.parametrize("reason", FAILED_STOP_REASONS)
+def test_a_failed_sample_completes_its_group_but_is_not_valid(reason):
+    """A sample with nothing generated (the prompt did not fit, or every attempt raised) holds
+    its place in the group: its chain is present, its row is not valid (no baseline, no loss)."""
+    failed = sample(6, 6, index=1, seed=2, stop_reason=reason)
+    samples = [sample(9, 4, index=0, seed=1), failed, sample(9, 4, index=2, seed=3)]
+    b = make_batch(samples, batch_size=4, seq_buckets=(16,), cfg=CFG, pad_id=PAD)
+    np.testing.assert_array_equal(b["valid"], [True, False, True, False])
+    np.testing.assert_array_equal(b["chain_valid"], [True, True, True, False])
+    np.testing.assert_array_equal(b["inputs"][1, :6], failed.tokens)  # kept, for the record
+    assert b["target_mask"][1].sum() == 0
 
 
 def test_turn_penalties_land_on_their_turns_tokens():

@@ -3,8 +3,12 @@ rewards, and the real engine under concurrency (never stepping an idle engine)."
 
 import dataclasses
 import json
+import sys
+import threading
+import time
 
 import numpy as np
+import pytest
 
 from c2 import model
 from c2.envs.agents import tool_call
@@ -12,7 +16,9 @@ from c2.envs.episode import task_system_prompt
 from c2.envs.tasks import write_task
 from c2.infer.engine import Engine
 from c2.infer.records import Completion, Trajectory
-from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
+from c2.rl import trainer
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig, error_metrics
+from c2.rl.orchestrator import AsyncRollouts, Scheduler
 from c2.rl.records import read_rollouts, sample_from_record, write_rollouts
 
 L_MOE, K = 2, 2
@@ -247,9 +253,45 @@ def test_rollout_records_round_trip(tmp_path, chat, sandbox):
     )
 
 
-def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
-    """Six episodes on a 2-slot engine (a random tiny model): in flight never exceeds the slots,
-    the loop finishes, and each sample is the engine's own trajectory, replies masked in."""
+class _Counted:
+    """An engine, counting what the runner asks of it: loop iterations (one `free_slots` read
+    each), steps and steps with nothing to do, and episodes holding a slot (submit to release)."""
+
+    def __init__(self, engine):
+        self._engine, self.polls, self.steps, self.idle_steps = engine, 0, 0, 0
+        self.holding, self.most_holding = set(), 0
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    @property
+    def free_slots(self):
+        self.polls += 1
+        return self._engine.free_slots
+
+    def step(self):
+        self.steps += 1
+        self.idle_steps += not self._engine.has_work()
+        return self._engine.step()
+
+    def submit(self, *args, **kwargs):
+        rid = self._engine.submit(*args, **kwargs)
+        self.holding.add(rid)
+        self.most_holding = max(self.most_holding, len(self.holding))
+        return rid
+
+    def release(self, rid):
+        self.holding.discard(rid)
+        return self._engine.release(rid)
+
+
+def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox, monkeypatch):
+    """Six episodes on a 2-slot engine (a random tiny model): in flight never exceeds the slots
+    (and both are used), the engine is never stepped idle, the loop never spins (each of its
+    iterations steps the engine, waits, or takes a finished tool run or grade), and each sample
+    is the engine's own trajectory, replies masked in."""
+    from c2.rl import episodes
+
     cfg = model.presets.get(
         "tiny_kimi_k2",
         dtype="float32",
@@ -266,7 +308,7 @@ def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
     import jax
 
     params = model.init_params(cfg, jax.random.key(0))
-    engine = Engine(
+    engine = _Counted(Engine(
         params,
         cfg,
         max_slots=2,
@@ -274,7 +316,11 @@ def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
         temperature=1.0,
         stop_tokens=(chat.im_end,),
         prefill_chunk=256,
-    )
+    ))  # fmt: skip
+    waits = []
+    real_wait, real_nap = episodes.cf.wait, episodes._nap
+    monkeypatch.setattr(episodes.cf, "wait", lambda *a, **k: waits.append(1) or real_wait(*a, **k))
+    monkeypatch.setattr(episodes, "_nap", lambda: waits.append(1) or real_nap())
     tasks = [_task(tmp_path, f"g{i}") for i in range(3)]
     runner = EpisodeRunner(
         engine, chat, sandbox, tmp_path / "ep", RolloutConfig(max_turn_tokens=24, max_tokens=384)
@@ -290,6 +336,11 @@ def test_real_engine_many_episodes_one_slot_each(tmp_path, chat, sandbox):
         assert s.routing.shape == (len(s.tokens), cfg.n_moe_layers, 2)
         assert not s.passed  # a random model does not solve the task
     assert runner.stats["generated_tokens"] == sum(s.generated_tokens for s in samples)
+    assert engine.most_holding == 2 and not engine.holding  # both slots used, none leaked
+    assert engine.steps > 0 and engine.idle_steps == 0
+    # Finished pool work: at most a tool run per turn and a grade per episode.
+    pool_results = sum(s.info["turns"] for s in samples) + len(samples)
+    assert engine.polls <= engine.steps + len(waits) + pool_results + len(reqs) + 1
 
 
 def test_a_prompt_longer_than_the_context_is_a_failed_empty_sample(tmp_path, chat, sandbox):
@@ -350,6 +401,44 @@ def test_failures_are_played_again_then_given_up(tmp_path, chat, sandbox, monkey
     assert broken.generated_tokens == 0 and broken.reward_terms["task"] == 0.0
     # three attempts each: the engine failure counts as the first one
     assert graded.count("broken") == 2 and graded.count("flaky") == 2
-    assert runner.counts == {"errors/engine": 3, "errors/grade": 3, "errors/gave_up": 1}
+    assert runner.counts == {"errors/engine": 3, "errors/grade": 3, "gave_up": 1}
+    # six failed attempts, one episode given up (counted once, not also as an error)
+    assert error_metrics(runner.error_counts()) == {"rollout_errors": 6, "rollout_gave_up": 1}
+    # the given-up sample carries every key a graded one does: the trainer's metrics read them
+    assert set(broken.info) == set(ok.info) and broken.info["invalid_tool_calls"] == 0
+    m = trainer._episode_metrics([ok, flaky, broken])
+    assert m["stop/rollout_error"] == pytest.approx(1 / 3) and m["invalid_tool_calls_mean"] == 0
     assert [r for g, i, r in runner.errors if i == 2][-1].startswith("grade: OSError")
     assert not engine.seqs and not list((tmp_path / "ep").iterdir())
+
+
+def test_error_counts_can_be_read_while_episodes_fail(tmp_path, chat, sandbox):
+    """The trainer reads the rollout errors (AsyncRollouts.metrics) while the rollout thread
+    counts new kinds of failure: the read takes a snapshot under the runner's lock (iterating
+    the live Counter raised "dictionary changed size during iteration")."""
+    engine = ScriptedEngine({}, im_end=chat.im_end)
+    runner = EpisodeRunner(engine, chat, sandbox, tmp_path / "ep")
+    rollouts = AsyncRollouts(runner, Scheduler(1, 1, 0), [], None, version=0, limit=0)
+    kinds, reading = 20000, threading.Event()
+
+    def fail_in_new_places():  # the rollout thread's side: each failure a new key
+        reading.wait()
+        for i in range(kinds):
+            runner._count(f"errors/place{i}")
+            if i % 50 == 0:
+                time.sleep(0)  # let the reader in
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns as often as the interpreter allows
+    writer = threading.Thread(target=fail_in_new_places)
+    seen = []
+    try:
+        writer.start()
+        while writer.is_alive():
+            seen.append(rollouts.metrics()["rollout_errors"])
+            reading.set()
+    finally:
+        writer.join()
+        sys.setswitchinterval(switch)
+    assert len(seen) > 1 and seen == sorted(seen)  # each a consistent snapshot
+    assert rollouts.metrics() == {"rollout_errors": kinds, "rollout_gave_up": 0}

@@ -32,8 +32,9 @@ class _Worker:
     WorkerLost; `stale`: tokens one version older than the one reported when the request came
     (a broken weight path)."""
 
-    def __init__(self, name, lag=0, die_at=None, stale=False, slots=4):
+    def __init__(self, name, lag=0, die_at=None, stale=False, slots=4, errors=None):
         self.name, self.lag, self.die_at, self.stale, self.slots = name, lag, die_at, stale, slots
+        self.errors = errors or {}  # what its episode runner reports (EpisodeRunner.error_counts)
         self.version, self.reported, self.calls, self.held, self.seen = 0, 0, 0, [], []
         self.shipped = set()
 
@@ -56,7 +57,7 @@ class _Worker:
             "samples": done,
             "version": self.version,
             "want": self.slots - len(self.held),
-            "errors": {},
+            "errors": dict(self.errors),
             "stats": {},
         }
 
@@ -134,15 +135,18 @@ def test_two_workers_share_the_prompts_within_the_bound(tmp_path):
 
 
 def test_a_dead_workers_episodes_are_played_again_by_a_replacement(tmp_path):
-    dying = _Worker("a", die_at=4)
-    workers = {(0, 0): dying, (0, 1): _Worker("a2"), (1, 0): _Worker("b", lag=2)}
+    dying = _Worker("a", die_at=4, errors={"errors/grade": 3, "gave_up": 1})
+    b = _Worker("b", lag=2, errors={"errors/tools": 2})
+    workers = {(0, 0): dying, (0, 1): _Worker("a2"), (1, 0): b}
     trained, rollouts, launched = _run(tmp_path, workers, n_workers=2, S=2)
     assert (0, 1) in launched  # the replacement
     m = rollouts.metrics()
     assert m["fleet/worker_deaths"] == 1 and m["fleet/workers"] == 2
     assert m["fleet/restarts"] == 1 and m["fleet/starting"] == 0  # built and joined
     lost = {(wire[3], wire[4]) for wire in dying.lost}  # what it held when it died
-    assert lost
+    assert lost and m["fleet/replayed"] == len(lost)
+    # the dead worker's errors still count; its given-up episode once, not also as an error
+    assert m["rollout_errors"] == 3 + 2 and m["rollout_gave_up"] == 1
     played = {(x.group_id, x.sample_index): x for step in trained for g in step for x in g.samples}
     assert all(played[key].info["worker"] in ("a2", "b") for key in lost)
 
@@ -167,6 +171,56 @@ def test_samples_older_than_their_group_are_regenerated_never_trained(tmp_path):
             assert all(orchestrator.oldest_version(x) >= g.admitted_at for x in g.samples)
             if g.admitted_at >= 1:  # b's samples of these groups are always stale
                 assert {x.info["worker"] for x in g.samples} == {"a"}
+
+
+def test_a_worker_behind_the_bound_refreshes_before_playing(tmp_path, sandbox):
+    """A worker whose background fetcher has not kept up (here: it polls once an hour) and whose
+    held version is more than max_staleness behind the published one fetches the newest version
+    itself at the next exchange, before taking work; within the bound it does not."""
+    import jax
+    import jax.numpy as jnp
+
+    from c2 import model
+    from c2.data.chat import AgentChat
+    from c2.data.tokenizer import ByteTokenizer
+    from c2.envs.sandbox import Sandbox
+    from c2.rl.episodes import RolloutConfig
+    from c2.rl.weight_sync import WeightPublisher
+
+    del sandbox  # RolloutWorker makes its own; the fixture says whether this machine can
+    cfg = model.presets.get("tiny_kimi_k2", dtype="float32", d_model=64, n_layers=2, n_heads=2,
+                            d_ff=128, d_ff_expert=32, n_experts=4, n_experts_per_token=2,
+                            max_seq_len=128, mtp_depth=0)  # fmt: skip
+    rng = np.random.default_rng(0)
+    shapes = model.abstract_params(cfg)
+    versions = [
+        jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s.shape), s.dtype), shapes)
+        for _ in range(3)
+    ]
+    pub = WeightPublisher(tmp_path / "store", full_every=8, dtype="float32")
+    pub.publish(versions[0], 0)
+    im_end = AgentChat(ByteTokenizer()).im_end
+    spec = fleet.WorkerSpec(
+        model=cfg, tokenizer="byte", rollout=RolloutConfig(),
+        engine_args={"max_slots": 2, "max_len": 128, "stop_tokens": (im_end,)},
+        weight_url=str(tmp_path / "store"), seed=0, max_staleness=1, poll_s=3600.0,
+    )  # fmt: skip
+    assert Sandbox().isolated
+    worker = fleet.RolloutWorker(spec, 0)
+    try:
+        pub.publish(versions[1], 1)
+        pub.publish(versions[2], 2)
+        reply = worker.exchange([], 1, False, 0.0)  # one behind: within the bound
+        assert reply["version"] == 0 and reply["stats"] == {}
+        reply = worker.exchange([], 2, False, 0.0)  # two behind: refreshed first
+        assert reply["version"] == 2 and reply["stats"] == {"refreshed": 1}
+        held, version = worker.engine._pending_update  # the engine swaps it in at its next step
+        assert version == 2
+        for got, want in zip(jax.tree.leaves(held), jax.tree.leaves(versions[2])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    finally:
+        worker.close()
+    assert not worker.scratch.exists()  # its episodes' files go with it
 
 
 def test_packed_tasks_round_trip(tmp_path):

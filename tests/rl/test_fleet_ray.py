@@ -6,19 +6,17 @@ the bound."""
 
 import os
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from test_trainer import _config
 
-pytest.importorskip("ray", reason="the Ray fleet needs the distributed extra")
-
-from test_trainer import _config  # noqa: E402
-
-from c2.rl import trainer  # noqa: E402
-from c2.rl.records import read_rollouts  # noqa: E402
-from c2.train.metrics import read_metrics  # noqa: E402
+from c2.rl import trainer
+from c2.rl.records import read_rollouts
+from c2.train.metrics import read_metrics
 
 
 def _worker_pids() -> list[int]:
@@ -34,37 +32,48 @@ def _worker_pids() -> list[int]:
     return pids
 
 
+def _live_episodes(pid: int) -> list[Path]:
+    """The workspaces of the episodes worker `pid` is playing (each exists from the episode's
+    start until it is graded, so while the driver counts it in flight)."""
+    root = Path(tempfile.gettempdir())
+    return [p for d in root.glob(f"c2-rollout-worker*-{pid}-*") for p in (d / "episodes").glob("*")]
+
+
 @pytest.mark.slow
-def test_ray_fleet_survives_a_killed_worker(tmp_path, sandbox):
+def test_ray_fleet_survives_a_killed_worker(tmp_path, sandbox, ray_installed):
     steps, S = 4, 1
     c = _config(steps)
     r = c.rl
     r.rollout_backend, r.num_rollout_workers, r.max_staleness = "ray", 2, S
     r.weight_store_dtype = "float32"
     workdir = tmp_path / "rl"
-    killed: list[int] = []
+    killed: list[tuple[int, int]] = []  # (pid, episodes it was playing)
 
-    def kill_one_after_step_1():
+    def kill_one_mid_episode_after_step_1():
         deadline = time.time() + 900
         while time.time() < deadline and not killed:
             if (workdir / "metrics.jsonl").exists() and read_metrics(workdir / "metrics.jsonl"):
-                pids = _worker_pids()
-                if pids:
-                    os.kill(pids[0], signal.SIGKILL)
-                    killed.append(pids[0])
-            time.sleep(0.05)
+                for pid in _worker_pids():
+                    playing = _live_episodes(pid)
+                    if playing:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append((pid, len(playing)))
+                        break
+            time.sleep(0.01)
 
-    killer = threading.Thread(target=kill_one_after_step_1, daemon=True)
+    killer = threading.Thread(target=kill_one_mid_episode_after_step_1, daemon=True)
     killer.start()
     summary = trainer.run(c, workdir)
     killer.join()
-    assert killed, "no worker was running after step 1"
+    assert killed, "no worker was playing an episode after step 1"
     assert "gain" in summary
 
     metrics = read_metrics(workdir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     last = metrics[-1]
     assert last["fleet/worker_deaths"] == 1 and last["fleet/restarts"] == 1
+    # It died with episodes in flight, and the driver gave them to another worker.
+    assert killed[0][1] >= 1 and last["fleet/replayed"] >= 1
     # The replacement joined, or is still building its engine (a loaded machine can finish the
     # 4 steps on one worker first); it is never lost.
     assert last["fleet/workers"] + last["fleet/starting"] == 2

@@ -7,13 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2.rl.objectives import (
-    ObjectiveConfig,
-    aggregate_loss,
-    kl_token_loss,
-    objective_advantages,
-    rl_loss,
-)
+from c2.rl.objectives import ObjectiveConfig, objective_advantages, rl_loss
 
 B, T = 8, 5
 KEYS = jax.random.split(jax.random.key(0), 4)
@@ -32,7 +26,7 @@ def test_defaults_are_the_recipe():
         "reward",
         "sum_constant",
     )
-    assert cfg.mismatch_quantile == 0.99
+    assert cfg.mismatch_quantile == 0.99 and cfg.mismatch_threshold == 3.0
     hash(cfg)  # static under jit
 
 
@@ -60,14 +54,29 @@ def test_rl_loss_is_pg_aggregated_by_constant():
 
 
 def test_kl_in_the_loss_adds_beta_k():
+    """kl_placement="loss" by hand in float64: with token_mean, the loss is the policy-gradient
+    term plus beta * mean over valid tokens of k3 = r - 1 - log r (log r = ref - logp), and the KL
+    term's gradient in logp is beta * (1 - r) / n_tokens on valid tokens."""
     cfg = ObjectiveConfig(
         group_size=4, aggregation="token_mean", kl_placement="loss", kl_kind="k3", kl_beta=0.1
     )
     adv = objective_advantages(cfg, REWARDS)
+    logp, ref, mu = (np.asarray(x, np.float64) for x in (LOGP, REF, BEHAVIOUR))
+    m = np.asarray(MASK, np.float64)
+    n = m.sum()
+    r = np.asarray(REWARDS, np.float64).reshape(2, 4)
+    a = (r - r.mean(1, keepdims=True)).reshape(-1, 1)
+    log_r = ref - logp
+    kl_want = 0.1 * (m * (np.exp(log_r) - 1.0 - log_r)).sum() / n
+    pg_want = -(m * np.minimum(np.exp(logp - mu), 2.0) * a).sum() / n
     loss, metrics = rl_loss(cfg, LOGP, BEHAVIOUR, adv, MASK, ref_logp_BT=REF)
-    kl = aggregate_loss(kl_token_loss(LOGP, REF, MASK, "k3", 0.1), MASK, "token_mean")
-    assert float(metrics["kl_loss"]) == pytest.approx(float(kl), rel=1e-6)
-    assert float(loss) == pytest.approx(float(metrics["pg_loss"] + kl), rel=1e-6)
+    assert float(metrics["kl_loss"]) == pytest.approx(kl_want, rel=1e-5)
+    assert float(metrics["pg_loss"]) == pytest.approx(pg_want, rel=1e-5)
+    assert float(loss) == pytest.approx(pg_want + kl_want, rel=1e-5)
+    grad = jax.grad(lambda lp: rl_loss(cfg, lp, BEHAVIOUR, adv, MASK, ref_logp_BT=REF)[0])(LOGP)
+    pg_grad = -m * np.minimum(np.exp(logp - mu), 2.0) * a / n
+    kl_grad = 0.1 * m * (1.0 - np.exp(log_r)) / n
+    np.testing.assert_allclose(grad, pg_grad + kl_grad, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="kl_placement='loss' needs ref_logp_BT"):
         rl_loss(cfg, LOGP, BEHAVIOUR, adv, MASK)
 
@@ -85,7 +94,7 @@ def test_kl_in_the_loss_adds_beta_k():
         (dict(importance_correction="vtrace"), "importance_correction='vtrace' is not one of"),
         (dict(mis_low=2.0, mis_high=1.0), r"mis_high=1.0 must lie in \[2.0, inf\]"),
         (dict(clip_low=1.2), "clip_low=1.2 must lie in"),
-        (dict(mismatch_threshold=0.5), "set one"),
+        (dict(mismatch_threshold=-0.5), "mismatch_threshold=-0.5 must lie in"),
         (dict(mismatch_quantile=0.0), "mismatch_quantile=0.0 must lie in"),
         (dict(group_size=2.0), "group_size=2.0 must be an int"),
     ],

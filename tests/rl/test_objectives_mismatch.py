@@ -83,10 +83,23 @@ def test_masked_tokens_contribute_nothing_to_the_loss():
     assert loss(wild) == pytest.approx(float(value), rel=1e-6)
 
 
+def test_threshold_and_quantile_together_drop_above_either():
+    """Both limits: a token goes when it is above the threshold or above the quantile, so the
+    limit applied is the smaller (a high threshold leaves the quantile's drops; a low one adds)."""
+    train, infer, mask = _batch()
+    d = np.where(mask, np.abs(np.asarray(train) - np.asarray(infer)), 0.0)
+    p99 = np.quantile(d[np.asarray(mask)], 0.99)
+    for threshold in (10 * p99, p99 / 2):
+        keep, stats = mismatch_filter(train, infer, mask, threshold=threshold, quantile=0.99)
+        want = np.asarray(mask) & (d <= min(threshold, p99))
+        np.testing.assert_array_equal(keep, want)
+        assert float(stats["mismatch_threshold"]) == pytest.approx(min(threshold, p99), rel=1e-5)
+
+
 def test_errors():
     train, infer, mask = _batch()
-    with pytest.raises(ValueError, match="not both"):
-        mismatch_filter(train, infer, mask, threshold=0.1, quantile=0.99)
+    with pytest.raises(ValueError, match=r"mismatch_threshold=-0.1 must lie in \[0.0, inf\]"):
+        mismatch_filter(train, infer, mask, threshold=-0.1, quantile=0.99)
     with pytest.raises(ValueError, match=r"mismatch_quantile=1.5 must lie in \(0.0, 1.0\]"):
         mismatch_filter(train, infer, mask, quantile=1.5)
     with pytest.raises(ValueError, match="mismatch_level='batch' is not one of"):

@@ -4,10 +4,17 @@ import json
 import math
 from pathlib import Path
 
+import jax
 import pytest
 
 from c2.model.hf_config import config_to_hf
-from c2.rl.config import adopt_init_positions, packs_groups, rl_stage_defaults, validate_rl
+from c2.rl.config import (
+    adopt_init_positions,
+    packs_groups,
+    reward_weights,
+    rl_stage_defaults,
+    validate_rl,
+)
 from c2.train.config import MESH_AXES, ConfigError, load_config, stage_defaults
 
 EXPERIMENTS = Path(__file__).parents[2] / "experiments"
@@ -20,7 +27,63 @@ def test_rl_tiny_validates_with_the_recipe_objective():
     assert objective.kl_placement == "reward" and objective.aggregation == "sum_constant"
     assert objective.loss_constant == 8 * 512  # group_size * the largest sequence bucket
     assert objective.mismatch_quantile == 0.99 and objective.importance_correction == "tis"
+    assert objective.mismatch_threshold == 3.0  # judges stale tokens too (docs/recipe.md §2)
     assert rollout.temperature == 1.0 and cfg.dtype == "float32"
+    weights = reward_weights(config)
+    assert weights["length_penalty"] == 5e-4 and config.rl.rewards.length_k == 0.01
+
+
+def test_reward_weights_follow_schedules_from_the_config():
+    """rewards.schedule.<term> = ((step, factor), ...) multiplies rewards.<term>: linear
+    between the points, flat outside; () is the number alone; a schedule on 0 stays 0."""
+    config = rl_stage_defaults()
+    config.rl.rewards.style = 0.2
+    config.rl.rewards.schedule.style = ((10, 0.0), (30, 1.0), (40, 0.5))
+    config.rl.rewards.communication = 0.0
+    config.rl.rewards.schedule.communication = ((0, 1.0), (5, 2.0))
+    validate_rl(config, num_devices=1)
+    weights = reward_weights(config)
+    style = jax.jit(weights["style"])
+    for step, want in [(0, 0.0), (10, 0.0), (20, 0.1), (30, 0.2), (35, 0.15), (90, 0.1)]:
+        assert float(style(step)) == pytest.approx(want, abs=1e-7), step
+    assert weights["communication"] == 0.0 and weights["tool_call_penalty"] == 0.1
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("schedule.style", ((0, 1.0), (0, 2.0)), r"schedule\.style=.*: steps must increase"),
+        ("schedule.style", ((-1, 1.0),), r"schedule\.style=.*: step -1 is not an int >= 0"),
+        ("schedule.length_penalty", ((0, -1.0),), r"factor -1\.0 is not finite and >= 0"),
+        ("schedule.tool_call_penalty", (1, 2), r"expected \(step, factor\) pairs"),
+        ("schedule.style", ((0.5, 1.0),), r"step 0\.5 is not an int"),
+        ("length_k", 0.0, r"config\.rl\.rewards\.length_k=0\.0: expected > 0 while"),
+        ("length_penalty", -1.0, r"config\.rl\.rewards\.length_penalty: expected >= 0"),
+    ],
+)
+def test_reward_mistakes_name_the_field(field, value, match):
+    config = rl_stage_defaults()
+    node = config.rl.rewards
+    *parents, leaf = field.split(".")
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    with pytest.raises(ConfigError, match=match):
+        validate_rl(config, num_devices=1)
+
+
+def test_a_length_penalty_needs_an_effort_to_measure():
+    config = rl_stage_defaults()
+    for name in config.rl.effort:
+        config.rl.effort[name] = 0.0
+    with pytest.raises(ConfigError, match=r"config\.rl\.effort: every weight is 0"):
+        validate_rl(config, num_devices=1)
+    config.rl.rewards.length_penalty = 0.0  # off: nothing to measure
+    validate_rl(config, num_devices=1)
+    config.rl.effort.num_turns = -1.0
+    config.rl.rewards.length_penalty = 1e-3
+    with pytest.raises(ConfigError, match=r"config\.rl\.effort: EffortWeights\.num_turns=-1"):
+        validate_rl(config, num_devices=1)
 
 
 def test_rl_kimi_k2_validates_on_its_256_device_layout():

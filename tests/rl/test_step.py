@@ -7,6 +7,7 @@ One tiny float32 model; every learner is built once per module (compiles dominat
 
 import dataclasses
 import re
+from pathlib import Path
 
 import chex
 import jax
@@ -17,14 +18,16 @@ import pytest
 
 from c2 import model, sharding
 from c2.infer import Engine
+from c2.rl import config as rl_config
 from c2.rl.batching import make_batch, reward_arrays
 from c2.rl.objectives import EffortWeights, ObjectiveConfig
 from c2.rl.records import Sample
 from c2.rl.step import OUT_OF_SUPPORT_LOGP, RLLearner
-from c2.train.config import stage_defaults
+from c2.train.config import load_config, stage_defaults
 from c2.train.metrics import BACKEND_COMPILE_EVENT
 from c2.train.optimizer import make_optimizer, param_labels
 
+EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 CFG = model.presets.get(
     "tiny_kimi_k2",
     dtype="float32",
@@ -180,8 +183,13 @@ def reference(params, learner, random_batch):
 def test_logprobs_equal_the_engines_with_router_replay(params, learner):
     """Multi-turn episodes from the engine (turn, tool tokens, turn) at temperature 0.7, alone
     and with top-k or top-p: the learner's router-replayed log-probs of every generated token
-    equal the behaviour log-probs the engine recorded."""
-    engine = Engine(params, CFG, max_slots=3, max_len=T, prefill_chunk=16, seed=1)
+    equal the behaviour log-probs the engine recorded. The engine's router bias differs from
+    the learner's (the bias picks experts and never weighs them): the same function when the
+    recorded experts are replayed, other experts (and log-probs) when the learner routes."""
+    served = copy(params)
+    bias = served["moe_layers"]["mlp"]["router_bias"]
+    served["moe_layers"]["mlp"]["router_bias"] = jax.random.normal(jax.random.key(7), bias.shape)
+    engine = Engine(served, CFG, max_slots=3, max_len=T, prefill_chunk=16, seed=1)
     settings = [{}, {"top_k": 5}, {"top_p": 0.8}]
     rids = [
         engine.submit(list(range(3 + i, 9 + 2 * i)), 5, multi_turn=True, temperature=0.7, **kw)
@@ -224,6 +232,14 @@ def test_logprobs_equal_the_engines_with_router_replay(params, learner):
     assert (logp[mask] > OUT_OF_SUPPORT_LOGP).all()
     np.testing.assert_allclose(logp[mask], batch["behaviour_logp"][mask], atol=5e-5)
     assert (batch["target_versions"][mask] == 0).all()
+    live = np.asarray(make_learner(ONE_DEVICE, MICRO, router_replay=False).logprobs(params, batch))
+    assert np.abs(live[mask] - batch["behaviour_logp"][mask]).max() > 1e-2
+
+
+def live_routing(params, tokens):
+    """[T, L_moe, k]: the experts the model itself picks for `tokens` (what an engine records)."""
+    _, aux = model.forward(params, np.asarray([tokens], np.int32), CFG)
+    return np.asarray(aux["topk_idx"])[:, 0].transpose(1, 0, 2)
 
 
 def pg_batch(learner, params):
@@ -231,7 +247,7 @@ def pg_batch(learner, params):
     (tool-call penalty 1) or another id (nothing), with the model's own log-probs."""
     rng = np.random.default_rng(1)
     prompt = [1, 2, 3, 4, 5, 6]
-    shared = make_sample(prompt + [0], len(prompt), 0, 0, rng).routing  # one routing: one policy
+    shared = live_routing(params, prompt + [0])  # the engine's choice: replay = live routing
     samples = []
     for g, others in enumerate([(20, 30), (40, 50)]):
         for i, tok in enumerate((GOOD, BAD) + others):
@@ -379,10 +395,11 @@ def test_single_forward_gives_the_same_update(params, reference, random_batch):
     keeps its activations) give the update of a forward then a gradient per micro-batch."""
     learner = make_learner(ONE_DEVICE, MICRO, single_forward=True)
     forwards = []  # the separate log-prob passes: the reference's only
-    logp_jit = learner._logp_jit
-    learner._logp_jit = lambda p, batch: forwards.append(p) or logp_jit(p, batch)
+    logp_jit, ref_logp_jit = learner._logp_jit, learner._ref_logp_jit
+    learner._logp_jit = lambda p, batch: forwards.append("current") or logp_jit(p, batch)
+    learner._ref_logp_jit = lambda p, batch: forwards.append("ref") or ref_logp_jit(p, batch)
     new, _, metrics, per_sample = run_update(learner, params, *random_batch)
-    assert len(forwards) == 1
+    assert forwards == ["ref"]
     want_params, want_metrics, want_per_sample = reference
     chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
@@ -549,30 +566,56 @@ def test_router_bias_and_frozen_leaves_do_not_move(params, reference):
     assert sum(trained) >= 0.9 * len(trained)
 
 
-def test_kl_in_the_loss_traces(params, random_batch):
-    """kl_placement="loss" (the ablation) traces to a step with a kl_loss metric and no KL reward
-    term, with and without single_forward (abstractly: a compile would cost more than the check
-    is worth)."""
-    learner = make_learner(
-        ONE_DEVICE, MICRO, objective=dataclasses.replace(OBJECTIVE, kl_placement="loss")
+def kl_logp_by_hand(p, batch, replay: bool):
+    """[B, T] float64: each target's log-prob under logits / temperature (what k1 compares), the
+    recorded experts replayed or routed live."""
+    logits, _ = model.forward(
+        p,
+        batch["inputs"],
+        CFG,
+        positions=batch["positions"],
+        segment_ids=batch["segment_ids"],
+        routing=batch["routing"] if replay else None,
     )
-    assert learner.needs_ref and not learner.uses_kl_reward
+    z = np.asarray(logits, np.float64) / batch["temperature"][:, None, None]
+    top = z.max(-1, keepdims=True)
+    logz = z - top - np.log(np.exp(z - top).sum(-1, keepdims=True))
+    return np.take_along_axis(logz, batch["targets"][..., None], -1)[..., 0]
+
+
+@pytest.mark.parametrize("placement", ["reward", "loss"])
+def test_k1_is_to_the_reference_policy(params, learner, random_batch, placement):
+    """k1 by hand: per sample, the sum over its kept targets of log pi(y) - log pi_ref(y) under
+    logits / temperature, the current policy with the recorded experts, the reference routing
+    every token itself (the reference policy). The recorded experts are random, so a reference
+    that replayed them gives other values. kl_placement="loss" (the ablation): the loss is the
+    policy-gradient term plus beta * sum k1 / loss_constant, with one forward or two."""
+    objective = dataclasses.replace(
+        OBJECTIVE, kl_placement=placement, mismatch_quantile=None, mismatch_threshold=None
+    )
     batch, terms, effort = random_batch
-    spec = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)  # noqa: E731
-    tokens = jax.ShapeDtypeStruct((B, T), jnp.float32)
-    state = (params, jax.eval_shape(learner.tx.init, params), jax.tree.map(spec, batch))
-    rewards = (jax.tree.map(spec, terms), jax.tree.map(spec, effort))
-    step = jax.ShapeDtypeStruct((), jnp.int32)
-    logps = (tokens, jax.ShapeDtypeStruct((B, T), bool), tokens)  # logp, support, kl_logp
-    _, _, metrics, per_sample = jax.eval_shape(
-        learner._update, *state, *logps, tokens, *rewards, step
+    _, _, metrics, per_sample = host(
+        run_update(make_learner(ONE_DEVICE, MICRO, objective), params, batch, terms, effort)
     )
-    assert "kl_loss" in metrics and "reward/kl" not in per_sample
-    assert per_sample["kl"].shape == (B,)
-    _, _, metrics, _ = jax.eval_shape(
-        learner._update_single_forward, *state, tokens, *rewards, step
-    )
-    assert "kl_loss" in metrics
+    ref = jax.tree.map(lambda x: x * 0.99, params)  # run_update's reference
+    support = np.asarray(learner.logprobs(params, batch)) > OUT_OF_SUPPORT_LOGP
+    kept = (batch["target_mask"] > 0) & batch["valid"][:, None] & support
+    policy = kl_logp_by_hand(params, batch, replay=True)
+    k1 = np.where(kept, policy - kl_logp_by_hand(ref, batch, replay=False), 0.0).sum(-1)
+    replayed = np.where(kept, policy - kl_logp_by_hand(ref, batch, replay=True), 0.0).sum(-1)
+    assert np.abs(k1 - replayed).max() > 0.1  # the two references are told apart
+    np.testing.assert_allclose(per_sample["kl"], k1, rtol=1e-4, atol=1e-4)
+    if placement == "reward":
+        np.testing.assert_allclose(per_sample["reward/kl"], -0.05 * k1, rtol=1e-4, atol=1e-5)
+        assert "kl_loss" not in metrics
+        return
+    assert "reward/kl" not in per_sample
+    want = 0.05 * k1.sum() / OBJECTIVE.loss_constant
+    assert metrics["kl_loss"] == pytest.approx(want, rel=1e-4)
+    assert metrics["loss"] == pytest.approx(metrics["pg_loss"] + want, rel=1e-4)
+    one = make_learner(ONE_DEVICE, MICRO, objective, single_forward=True)
+    _, _, single, _ = host(run_update(one, params, batch, terms, effort))
+    assert single["kl_loss"] == pytest.approx(want, rel=1e-4)
 
 
 def test_bad_inputs_are_named(params, learner, random_batch):
@@ -624,8 +667,10 @@ def test_router_replay_off_routes_every_token_itself(params, learner, random_bat
 
 def test_segments_of_a_chain_share_the_chains_advantage(params, learner):
     """Four chains of one group, cut into 3, 1, 2 and 1 segments (7 rows, padded to 8): each row
-    takes its chain's advantage, computed over chains (the mean of the chain's row rewards, minus
-    the group's mean over chains), not over rows."""
+    takes its chain's advantage, computed over chains, not over rows. A chain's reward is its
+    terms once (every segment carries them) less beta times the k1 of all its tokens: the sum of
+    its segments' KL, as if the same tokens were one segment (a mean would charge a K-segment
+    chain 1/K of it)."""
     rng = np.random.default_rng(3)
     chains = []
     for i, (n_seg, task) in enumerate([(3, 1.0), (1, 0.0), (2, 0.0), (1, 1.0)]):
@@ -646,10 +691,19 @@ def test_segments_of_a_chain_share_the_chains_advantage(params, learner):
     np.testing.assert_array_equal(terms["task"], [1, 1, 1, 0, 0, 0, 1, 0])
     _, _, _, per_sample = run_update(learner, params, batch, terms, effort)
     reward = np.asarray(per_sample["reward"])[:7]
+    kl = np.asarray(per_sample["kl"])[:7]
+    np.testing.assert_allclose(per_sample["reward/kl"][:7], -0.05 * kl, rtol=1e-6)
     chain = batch["chain"][:7]
-    reward_c = np.array([reward[chain == c].mean() for c in range(4)])
+    terms_c = np.array(
+        [(reward - per_sample["reward/kl"][:7])[chain == c].mean() for c in range(4)]
+    )
+    kl_c = np.array([kl[chain == c].sum() for c in range(4)])
+    reward_c = terms_c - 0.05 * kl_c
     want = (reward_c - reward_c.mean())[chain]
     np.testing.assert_allclose(np.asarray(per_sample["advantage"])[:7], want, rtol=1e-5, atol=1e-6)
+    mean_kl_c = np.array([kl[chain == c].mean() for c in range(4)])
+    averaged = terms_c - 0.05 * mean_kl_c
+    assert np.abs((averaged - averaged.mean())[chain] - want).max() > 1e-4  # told apart
     assert np.asarray(per_sample["advantage"])[7] == 0.0
     # Counting rows instead of chains would give chain 0 (three rows) three votes.
     assert abs(np.mean(want[[0, 3, 4, 6]])) < 1e-6 and abs(np.mean(want)) > 1e-3
@@ -657,9 +711,11 @@ def test_segments_of_a_chain_share_the_chains_advantage(params, learner):
 
 @pytest.mark.parametrize("tokens", ["fresh", "all"])
 def test_the_mismatch_filter_judges_the_tokens_it_is_told(params, learner, random_batch, tokens):
-    """At step 2, rows 4-7 were sampled by version 0 and the engine's log-probs of them are 1 nat
-    off (the policy moved since), rows 0-3 by version 2 with three tokens 1 nat off. A 0.5-nat
-    threshold drops those three; the stale rows' tokens only when the filter judges "all"."""
+    """At step 2, rows 4-7 were sampled by version 0 and the engine's log-probs of them are 1-1.1
+    nats off (the policy moved since), one of them 3 nats (broken), rows 0-3 by version 2 with
+    three tokens 1 nat off. The 0.9 quantile ranks the tokens it is told: with "fresh" it drops
+    those three and no stale token; with "all" stale tokens too. The 2-nat threshold judges
+    every token: the broken one goes either way."""
     batch, terms, effort = random_batch
     batch = {k: v.copy() for k, v in batch.items()}
     logp = np.asarray(learner.logprobs(params, batch))
@@ -667,26 +723,105 @@ def test_the_mismatch_filter_judges_the_tokens_it_is_told(params, learner, rando
     judged = targets & (logp != OUT_OF_SUPPORT_LOGP)  # the top_k=16 rows' targets fall out
     stale = judged & (np.arange(B) >= 4)[:, None]
     batch["target_versions"] = np.where(targets, np.where(stale, 0, 2), -1).astype(np.int32)
+    drift = np.where(stale, 1.0 + 0.1 * np.random.default_rng(2).random(logp.shape), 0.0)
     odd = np.zeros_like(judged)
     for row in range(3):
         odd[row, np.flatnonzero(judged[row])[0]] = True
-    batch["behaviour_logp"] = np.where(targets, logp + (stale | odd), 0.0).astype(np.float32)
-    objective = dataclasses.replace(OBJECTIVE, mismatch_quantile=None, mismatch_threshold=0.5)
+    broken = np.zeros_like(judged)
+    broken[4, np.flatnonzero(judged[4])[0]] = True
+    off = drift + odd + np.where(broken, 3.0 - drift, 0.0)
+    batch["behaviour_logp"] = np.where(targets, logp + off, 0.0).astype(np.float32)
+    objective = dataclasses.replace(OBJECTIVE, mismatch_quantile=0.9, mismatch_threshold=2.0)
     filtered = make_learner(ONE_DEVICE, B, objective, mismatch_tokens=tokens)
     p = filtered.shard_params(copy(params))
     _, _, metrics, _ = filtered.update(
         p, filtered.init_opt_state(p), copy(p), batch, terms, effort, 2
     )
     metrics = host(metrics)
-    dropped = 3 + (stale.sum() if tokens == "all" else 0)
-    assert 4 < stale.sum() < judged.sum()
-    assert metrics["kept_tokens"] == judged.sum() - dropped
+    fresh = judged & ~stale
+    assert 4 < stale.sum() < judged.sum() and 0.1 * fresh.sum() > 3
+    dropped = judged.sum() - metrics["kept_tokens"]
+    if tokens == "fresh":
+        assert dropped == 3 + 1  # the three fresh outliers, the broken stale token
+        assert metrics["frac_tokens_fresh"] == pytest.approx(fresh.sum() / judged.sum())
+    else:  # the quantile of every token: the 10% largest, all stale (drift 1-1.1 nats)
+        n = judged.sum()
+        assert dropped == n - 1 - np.floor(0.9 * (n - 1)) and dropped > 4
     assert metrics["frac_tokens_dropped"] == pytest.approx(dropped / judged.sum())
     # the statistics describe every judged token either way
-    assert metrics["mismatch_max"] == pytest.approx(1.0, abs=1e-4)
-    assert metrics["mismatch_mean"] == pytest.approx((stale | odd).sum() / judged.sum(), abs=1e-4)
-    if tokens == "fresh":
-        assert metrics["frac_tokens_fresh"] == pytest.approx(1 - stale.sum() / judged.sum())
+    assert metrics["mismatch_max"] == pytest.approx(3.0, abs=1e-4)
+    assert metrics["mismatch_mean"] == pytest.approx(off[judged].sum() / judged.sum(), abs=1e-4)
+
+
+def test_the_shipped_filter_drops_a_broken_token_of_a_stale_sample(params, learner, random_batch):
+    """rl_tiny's objective and filter at its staleness bound S = 2: every token is two versions
+    old (no fresh token for the p99 to rank), the engine's log-probs differ by two updates'
+    drift (0.05 nats, the p99 measured in rl_tiny) and one token of sample 1 by 5 nats. The
+    filter drops that token, and nothing else."""
+    config = load_config(EXPERIMENTS / "rl_tiny.py")
+    assert config.rl.max_staleness == 2
+    shipped = rl_config.objective_config(config)
+    objective = dataclasses.replace(shipped, group_size=G, loss_constant=float(G * T))
+    filtered = make_learner(ONE_DEVICE, MICRO, objective, mismatch_tokens=config.rl.mismatch_tokens)
+    batch, terms, effort = random_batch
+    batch = {k: v.copy() for k, v in batch.items()}
+    logp = np.asarray(learner.logprobs(params, batch))
+    targets = (batch["target_mask"] > 0) & batch["valid"][:, None]
+    judged = targets & (logp != OUT_OF_SUPPORT_LOGP)
+    batch["target_versions"] = np.where(targets, 0, -1).astype(np.int32)
+    drift = 0.05 * np.random.default_rng(5).standard_normal(logp.shape)
+    drift[1, np.flatnonzero(judged[1])[0]] = 5.0
+    batch["behaviour_logp"] = np.where(targets, logp + drift, 0.0).astype(np.float32)
+    p = filtered.shard_params(copy(params))
+    _, _, metrics, _ = filtered.update(
+        p, filtered.init_opt_state(p), copy(p), batch, terms, effort, 2
+    )
+    metrics = host(metrics)
+    assert metrics["frac_tokens_fresh"] == 0
+    assert metrics["kept_tokens"] == judged.sum() - 1
+    assert metrics["frac_samples_with_drops"] == pytest.approx(1 / judged.any(-1).sum())
+
+
+def test_failed_samples_leave_the_baseline_and_are_counted(params, learner):
+    """Three groups of four. Group 0: tasks 1, 0, 1 and a rollout error; group 1: one pass and
+    three failures (two rollout errors, a prompt too long); group 2: four fails. A failed sample
+    trains nothing and is left out of its group's mean (group 0's baseline is the mean of three);
+    group 1 has one valid sample, so no baseline: no advantage; group 2 has advantages (its k1
+    differs) but no task signal. Counted: 4 failed samples, 1 group too small, 2 of 3 groups
+    with equal task rewards."""
+    rng = np.random.default_rng(6)
+    plan = [[1, 0, 1, "rollout_error"], [1, "rollout_error", "prompt_too_long", "rollout_error"]]
+    plan += [[0, 0, 0, 0]]
+    samples = []
+    for g, group in enumerate(plan):
+        for i, outcome in enumerate(group):
+            failed = isinstance(outcome, str)
+            tokens = rng.integers(0, CFG.vocab_size, 10 if failed else 20)
+            terms = {"task": 0.0 if failed else float(outcome), "style": 0.0}
+            terms["tool_call_penalty"] = 0.0
+            samples.append(
+                make_sample(
+                    tokens, len(tokens) if failed else 8, g, i, rng, reward_terms=terms,
+                    stop_reason=outcome if failed else "submit",
+                )
+            )  # fmt: skip
+    kw = dict(batch_size=3 * G, seq_buckets=(T,), cfg=CFG, pad_id=0, group_size=G)
+    batch = with_behaviour(learner, params, make_batch(samples, **kw))
+    failed = np.array([isinstance(x, str) for group in plan for x in group])
+    np.testing.assert_array_equal(batch["valid"], ~failed)
+    assert batch["chain_valid"].all()
+    terms, effort = reward_arrays(samples, 3 * G)
+    _, _, metrics, per_sample = host(run_update(learner, params, batch, terms, effort))
+    reward = per_sample["reward"].reshape(3, G)
+    ok = ~failed.reshape(3, G)
+    want = np.zeros((3, G))
+    for g in (0, 2):
+        want[g] = np.where(ok[g], reward[g] - reward[g][ok[g]].mean(), 0.0)
+    np.testing.assert_allclose(per_sample["advantage"].reshape(3, G), want, atol=1e-6)
+    assert np.abs(want[0, :3]).min() > 0.3 and np.abs(want[2]).max() > 0  # A = +-1/3, +-2/3
+    assert metrics["failed_samples"] == 4 and metrics["groups_too_few_valid"] == 1
+    assert metrics["groups_zero_advantage"] == pytest.approx(2 / 3)
+    assert metrics["valid_samples"] == 8
 
 
 @pytest.mark.parametrize("credit", ["episode", "turn"])
@@ -699,7 +834,6 @@ def test_tool_call_credit_lands_where_it_is_told(params, credit):
     learner = make_learner(ONE_DEVICE, MICRO, tool_call_credit=credit)
     rng = np.random.default_rng(4)
     prompt, obs = [1, 2, 3, 4, 5, 6], 60
-    shared = make_sample(prompt + [0], len(prompt), 0, 0, rng).routing[:1]
     samples = []
     for i, (first, second, task) in enumerate(
         [(BAD, GOOD, 1.0), (20, 21, 1.0), (30, 31, 0.0), (40, 41, 0.0)]
@@ -711,7 +845,7 @@ def test_tool_call_credit_lands_where_it_is_told(params, credit):
             0,
             i,
             rng,
-            routing=np.repeat(shared, len(tokens), 0),
+            routing=live_routing(params, tokens),  # the engine's: k1 to the start is 0
             reward_terms={"task": task, "style": 0.0, "tool_call_penalty": float(i == 0)},
             loss_mask=np.array([0] * len(prompt) + [1, 0, 1], np.uint8),  # turn, observation, turn
             turn_penalties=[1, 0] if i == 0 else [0, 0],

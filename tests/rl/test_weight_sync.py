@@ -358,9 +358,45 @@ def test_the_fetcher_keeps_errors_and_recovers_at_the_next_good_version(tmp_path
     assert "version 2, tensor 'embed': checksum mismatch" in str(f.errors[0])
 
 
+def test_a_fetch_that_keeps_failing_is_fatal_and_names_the_version(tmp_path, versions):
+    """Retried with a growing wait; after max_failures in a row the fetcher stops and hands
+    on_fatal an error naming the version, the cause and the version still held."""
+    publish_all(tmp_path, versions[:3], full_every=8)
+    sub = ws.WeightSubscriber(tmp_path)
+    sub.fetch(0)
+    _corrupt_blob(tmp_path, 2, "embed")
+    fatal = []
+    f = ws.BackgroundFetcher(sub, lambda p, v: None, poll_s=0.001, max_failures=4,
+                             on_fatal=fatal.append).start()  # fmt: skip
+    assert not f.wait_for(2)  # returns (False) once the fetcher gave up: no timeout needed
+    f.stop()
+    (error,) = fatal
+    assert error is f.fatal and len(f.errors) == 4 and error.version == 2
+    assert error.tensor == "embed"
+    assert "fetching version 2 of" in str(error) and "failed 4 times in a row" in str(error)
+    assert "holding version 0" in str(error) and "checksum mismatch" in str(error)
+    assert sub.version == 0
+
+
+def _ready_later(tree):
+    """`tree` again, as arrays that exist only after a second or so of device work (dispatch
+    returns at once): weights handed to the engine while still being computed."""
+
+    @jax.jit
+    def through(t):
+        m = jnp.full((512, 512), 1 / 512, jnp.float32)
+        z = jax.lax.fori_loop(0, 200, lambda i, c: jnp.tanh(c @ m), jnp.ones((512, 512)))
+        zero = z[0, 0] * 0  # every leaf waits for the loop; its value is unchanged
+        return jax.tree.map(lambda x: x + zero.astype(x.dtype), t)
+
+    return through(tree)
+
+
 def test_a_following_engine_swaps_in_each_new_version(tmp_path):
     """A worker loads version 0 from the store, builds its engine on those exact bits, and
-    follows: fetch and decode run on the fetcher's thread, the engine only swaps at a step."""
+    follows: fetch and decode run on the fetcher's thread, the engine only swaps at a step. The
+    pause it reports lasts until the new arrays exist: handed weights still being computed, a
+    step that does nothing else is all pause, and its arrays are ready when it returns."""
     cfg = model.presets.get("tiny_kimi_k2", vocab_size=64, max_seq_len=64, dtype="float32")
     rng = np.random.default_rng(0)  # any weights will do (no init to compile)
     normal = lambda s: jnp.asarray(0.02 * rng.standard_normal(s.shape), s.dtype)
@@ -371,13 +407,21 @@ def test_a_following_engine_swaps_in_each_new_version(tmp_path):
     sub = ws.WeightSubscriber(tmp_path, like=masters[0])
     version, params = sub.fetch()
     engine = Engine(params, cfg, max_slots=2, max_len=32, prefill_chunk=16, version=version)
-    with sub.follow(engine, poll_s=0.01) as fetcher:
+    jax.block_until_ready(_ready_later(params))  # compiled before it is timed
+
+    def update(params, version):  # the engine gets arrays that are not ready yet
+        engine.update_weights(_ready_later(params), version)
+
+    with ws.BackgroundFetcher(sub, update, poll_s=0.01).start() as fetcher:
         for v in (1, 2):
             pub.publish(masters[v], v)
             assert fetcher.wait_for(v, timeout=60), fetcher.errors
+            pause0 = engine.stats.get("update_pause_s", 0.0)
             engine.step()  # nothing to decode: the step only applies the pending update
+            # the pause timed the swap, not its dispatch: the arrays exist when the step returns
+            assert all(x.is_ready() for x in jax.tree.leaves(engine._params))
+            assert engine.stats["update_pause_s"] > pause0
             assert engine.version == v
             assert_holds(engine.params, masters[v])
     assert not fetcher.errors
     assert engine.stats["weight_updates"] == len(fetcher.delivered) and fetcher.delivered[-1] == 2
-    assert engine.stats["update_pause_s"] >= 0

@@ -35,6 +35,9 @@ class ObjectiveConfig:
     Hashable, so it can be a static argument of a jitted train step. `loss_constant` has no
     default: it depends on the run (the recipe's choice is group_size * max_length).
     kl_beta, the TIS cap and the MIS interval are not given by the report: set them per run.
+    The mismatch filter drops a token above either limit: the quantile (the report's p99) and
+    `mismatch_threshold` in nats (c2's: a guard against broken tokens, above the numerics and
+    above a few updates' drift, so it also judges stale samples; docs/recipe.md §2).
     """
 
     group_size: int
@@ -52,7 +55,7 @@ class ObjectiveConfig:
     clip_low: float | None = None
     clip_high: float | None = None
     mismatch_level: str = "token"
-    mismatch_threshold: float | None = None
+    mismatch_threshold: float | None = 3.0
     mismatch_quantile: float | None = 0.99
 
     def __post_init__(self):
@@ -82,11 +85,6 @@ class ObjectiveConfig:
         if self.clip_high is not None:
             check_number("clip_high", self.clip_high, low=0.0)
         check_choice("mismatch_level", self.mismatch_level, MISMATCH_LEVELS)
-        if self.mismatch_threshold is not None and self.mismatch_quantile is not None:
-            raise ValueError(
-                f"mismatch_threshold={self.mismatch_threshold} and mismatch_quantile="
-                f"{self.mismatch_quantile}: set one (or neither, to only measure)"
-            )
         check_number("mismatch_threshold", self.mismatch_threshold, low=0.0)
         check_number("mismatch_quantile", self.mismatch_quantile, low=0.0, high=1.0, low_open=True)
 

@@ -1,9 +1,10 @@
 """Train-inference mismatch filter (docs/recipe.md §2, beside MoE router replay).
 
 Per valid token, d = |log pi_train - log pi_infer|. Tokens (level="token") or whole samples
-(level="sample", scored by their largest d) above a fixed threshold, or above a quantile of this
-batch's values (the report targets the p99), are dropped. The quantile is over the batch given:
-call the filter once per step on the whole batch, then split the returned mask into micro-batches.
+(level="sample", scored by their largest d) above a fixed threshold (nats), or above a quantile
+of this batch's values (the report targets the p99), or either when both are given, are dropped.
+The quantile is over the batch given: call the filter once per step on the whole batch, then
+split the returned mask into micro-batches.
 """
 
 import jax.numpy as jnp
@@ -29,15 +30,11 @@ def mismatch_filter(
     """Returns (keep_BT, stats): the mask with mismatched tokens/samples removed, and statistics.
 
     With neither `threshold` nor `quantile` nothing is dropped (statistics only). stats: mean,
-    p50, p99 and max of d over valid tokens, the threshold applied, and the fractions of valid
-    tokens and of samples that lost any token (all of them at level="sample").
+    p50, p99 and max of d over valid tokens, the limit applied (the smaller of the two), and the
+    fractions of valid tokens and of samples that lost any token (all of them at level="sample").
     """
     check_choice("mismatch_level", level, MISMATCH_LEVELS)
     check_tokens(mask_BT, train_logp_BT=train_logp_BT, infer_logp_BT=infer_logp_BT)
-    if threshold is not None and quantile is not None:
-        raise ValueError(
-            f"mismatch filter: give threshold ({threshold}) or quantile ({quantile}), not both"
-        )
     check_number("mismatch_threshold", threshold, low=0.0)
     check_number("mismatch_quantile", quantile, low=0.0, high=1.0, low_open=True)
     valid_BT = f32(mask_BT) > 0
@@ -49,12 +46,11 @@ def mismatch_filter(
         score, valid = d_BT, valid_BT
     else:
         score, valid = score_B, valid_B
+    limit = jnp.float32(jnp.inf)
     if threshold is not None:
         limit = f32(threshold)
-    elif quantile is not None:
-        limit = _masked_quantile(score, valid, quantile)
-    else:
-        limit = jnp.float32(jnp.inf)
+    if quantile is not None:
+        limit = jnp.minimum(limit, _masked_quantile(score, valid, quantile))
     drop = valid & (score > limit)
     drop_BT = drop if level == "token" else drop[:, None] & valid_BT
     keep_BT = valid_BT & ~drop_BT
