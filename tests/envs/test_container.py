@@ -108,7 +108,7 @@ def test_context_hash_follows_the_build_context(tmp_path):
 def test_missing_archive_keyring_is_named_with_where_to_get_it(tmp_path, monkeypatch):
     """Debian has no Ubuntu keyring package: a base of Ubuntu's archive says which file is
     missing and how to install it, before mmdebstrap runs."""
-    from c2.envs import container
+    from c2.envs import container_images as container
 
     keyring = str(tmp_path / "ubuntu-archive-keyring.gpg")
     monkeypatch.setattr(container, "engine_command", lambda engine="podman": [engine])
