@@ -1,6 +1,7 @@
 """The weight store (c2/rl/weight_sync.py) measured: delta size at RL rates, latency, pause.
 
     python -m c2.bench.weight_sync [--steps 12] [--out c2/bench/results/weight_sync.json]
+    python -m c2.bench.weight_sync --scale        # -> c2/bench/results/weight_sync_scale.json
 
 For each model (the tiny Kimi-K2 preset and a >=100M-parameter one built with `init_params`) and
 each learning rate (Adam, 1e-6 and 1e-5): float32 masters take `--steps` real Adam steps on the
@@ -11,6 +12,11 @@ version over the full serving-dtype (bf16) size, first delta, mean, and the mean
 out); publish and fetch latency and MB/s (of the full bf16 model) for file:// and for a real
 S3-protocol server on the loopback (moto, when installed); the engine's pause per weight swap
 with a BackgroundFetcher feeding a tiny engine. Ends with a projection for Kimi-K2 (1.04T, bf16).
+
+`--scale` (S3 only) measures what grows with the fleet and the history instead: HTTP requests
+per idle poll (counted at the moto server) with 10 and 200 versions in the store, and publish
+and fetch latency (publish end to delivery at each follower) with 1, 8 and 64 subscribers, each
+a WeightSubscriber following on its own BackgroundFetcher thread (poll 50 ms) in this process.
 """
 
 from __future__ import annotations
@@ -207,6 +213,108 @@ def kimi_projection(ratio: float, worker_gbit_s: float, store_tbit_s: float, wor
     }
 
 
+class HttpCount:
+    """WSGI middleware counting the requests the S3 server answers."""
+
+    def __init__(self, app):
+        self.app, self.n = app, 0
+
+    def __call__(self, environ, start_response):
+        self.n += 1
+        return self.app(environ, start_response)
+
+
+def _nudged(params, rng):
+    """Params after a step-like change (every float moved by 1e-3 * a random sign)."""
+    move = lambda x: x + 1e-3 * np.sign(rng.standard_normal(x.shape)).astype(x.dtype)  # noqa: E731
+    return jax.tree.map(lambda x: move(x) if x.dtype == jnp.float32 else x, params)
+
+
+def poll_cost(url: str, counter: HttpCount, histories=(10, 200), polls: int = 20) -> list[dict]:
+    """HTTP requests per idle poll (the follower holds the newest version) at each history."""
+    _, params = build("tiny_kimi_k2")
+    rng = np.random.default_rng(0)
+    pub = ws.WeightPublisher(url, full_every=16)
+    out, v = [], 0
+    for n in histories:
+        while v < n:
+            params = _nudged(params, rng)
+            pub.publish(params, v)
+            v += 1
+        sub = ws.WeightSubscriber(url, register=False)
+        fetcher = ws.BackgroundFetcher(sub, lambda p, version: None)
+        fetcher.poll_once()
+        before = counter.n
+        for _ in range(polls):
+            assert fetcher.poll_once() is None
+        out.append({"versions": n, "http_requests_per_poll": (counter.n - before) / polls})
+        sub.close()
+    pub.close()
+    return out
+
+
+def fleet_latency(url: str, counter: HttpCount, subscribers: int, versions: int = 4) -> dict:
+    """Publish `versions` deltas to `subscribers` followers; latency and requests per poll."""
+    _, params = build("tiny_kimi_k2")
+    rng = np.random.default_rng(1)
+    pub = ws.WeightPublisher(url, full_every=1_000_000)
+    pub.publish(params, 0)
+    arrived: dict[int, list[float]] = {}
+    subs = [ws.WeightSubscriber(url) for _ in range(subscribers)]
+    for s in subs:
+        s.fetch()
+    fetchers = [
+        ws.BackgroundFetcher(s, lambda p, v: arrived.setdefault(v, []).append(time.perf_counter()),
+                             poll_s=0.05).start()
+        for s in subs
+    ]  # fmt: skip
+    reads0, http0, t0 = sum(s.store.requests["read"] for s in subs), counter.n, time.perf_counter()
+    time.sleep(2.0)  # idle: every request is a poll
+    polls = sum(s.store.requests["read"] for s in subs) - reads0
+    idle = {"polls_per_s": round(polls / (time.perf_counter() - t0), 1)}
+    idle["http_requests_per_poll"] = round((counter.n - http0) / max(1, polls), 3)
+    publish_s, fetch_s = [], []
+    for v in range(1, versions + 1):
+        params = _nudged(params, rng)
+        p = pub.publish(params, v)
+        end = time.perf_counter()
+        for f in fetchers:
+            f.wait_for(v, timeout=300)
+        publish_s.append(p.seconds)
+        fetch_s += [t - end for t in arrived.get(v, [])]
+    for f in fetchers:
+        f.stop()
+    errors = sum(len(f.errors) for f in fetchers)
+    for s in subs:
+        s.close()
+    pub.close()
+    return {
+        "subscribers": subscribers,
+        **idle,
+        "publish_delta_s_median": round(statistics.median(publish_s), 3),
+        "fetch_delta_s_median": round(statistics.median(fetch_s), 3),
+        "fetch_delta_s_max": round(max(fetch_s), 3),
+        "deliveries": len(fetch_s),
+        "fetch_errors": errors,
+    }
+
+
+def scale(fleets=(1, 8, 64)) -> dict:
+    server, s3_url = start_s3()
+    if server is None:
+        raise SystemExit("--scale needs moto (pip install -e '.[test]')")
+    counter = HttpCount(server._server.app)
+    server._server.app = counter  # every request the server answers passes through it
+    out = {"poll_cost": poll_cost(f"{s3_url}/history", counter)}
+    print(json.dumps(out["poll_cost"]), flush=True)
+    out["fleet"] = []
+    for n in fleets:
+        out["fleet"].append(fleet_latency(f"{s3_url}/fleet{n}", counter, n))
+        print(json.dumps(out["fleet"][-1]), flush=True)
+    server.stop()
+    return out
+
+
 def start_s3():
     """moto's S3 server on the loopback and a bucket; None where moto is not installed."""
     try:
@@ -271,10 +379,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--worker_gbit_s", type=float, default=100.0)
     parser.add_argument("--store_tbit_s", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=1000)
-    parser.add_argument("--out", default="c2/bench/results/weight_sync.json")
+    parser.add_argument("--scale", action="store_true", help="polls and fleets on moto S3 only")
+    parser.add_argument("--out", default=None, help="default: results/weight_sync[_scale].json")
     args = parser.parse_args(argv)
     before = load_average()
     print(f"load average before: {before}", flush=True)
+    if args.scale:
+        return _write(args, argv, before, scale())
     server, s3_url = (None, None) if args.no_s3 else start_s3()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -289,6 +400,18 @@ def main(argv=None) -> dict:
     projection = kimi_projection(
         big["delta_ratio_last4"], args.worker_gbit_s, args.store_tbit_s, args.workers
     )
+    report = {
+        "results": results,
+        "engine": pause,
+        "kimi_k2_projection": projection,
+    }
+    print(table(results))
+    print(json.dumps(projection))
+    return _write(args, argv, before, report)
+
+
+def _write(args, argv, before: list[float], report: dict) -> dict:
+    """Stamp the report (date, machine, load, command) and write it to --out."""
     after = load_average()
     report = {
         "date": datetime.date.today().isoformat(),
@@ -296,15 +419,13 @@ def main(argv=None) -> dict:
         "load_average_before": before,
         "load_average_after": after,
         "command": " ".join(["python -m c2.bench.weight_sync", *(argv or sys.argv[1:])]),
-        "results": results,
-        "engine": pause,
-        "kimi_k2_projection": projection,
+        **report,
     }
-    print(table(results))
-    print(json.dumps(projection))
     print(f"load average after: {after}")
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    name = "weight_sync_scale.json" if args.scale else "weight_sync.json"
+    out = pathlib.Path(args.out or f"c2/bench/results/{name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
     return report
 
 

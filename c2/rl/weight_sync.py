@@ -12,11 +12,12 @@ exactly the bits that were published.
     fetcher = sub.follow(engine)            # off-thread polling; the engine only swaps arrays in
 
 Layout of the store (any tensorstore kvstore: a local path or `file://` by default, `s3://` and
-`gs://` when scaled out), versions zero-padded so that keys sort by version:
+`gs://` when scaled out; c2/rl/weight_store.py), versions zero-padded so that keys sort by version:
 
     blobs/000000000007/<tensor name>     one blob per tensor (its '/'-joined dict path)
-    manifests/000000000007.json          the version's manifest, written last
-    subscribers/<id>.json                {"id", "version"}: what each subscriber holds
+    manifests/000000000007.json          the version's manifest, written after its blobs
+    LATEST                               the newest version and its manifest's checksum, last
+    subscribers/<id>.json                a lease: the version a subscriber holds, until when
 
 A blob is zstd of the tensor's serving-dtype bits, byte planes first (all the first bytes of the
 elements, then all the second bytes...: the high bytes of an XOR delta are nearly all zero). An
@@ -35,8 +36,13 @@ then applies the deltas after it in order, each exactly once. Everything is deco
 arrays and checked before the held weights are replaced, so a bad store (`WeightSyncError`: a
 checksum mismatch, a missing blob or manifest, a delta whose base it cannot reach, a version
 older than the one held, a manifest for another model shape) leaves the held weights as they
-were. `WeightPublisher.prune(keep=)` deletes the versions before the newest anchor that every
-registered subscriber has reached (and that is no newer than the `keep` newest versions).
+were. A poll costs one read (LATEST) whatever the history, a fetch one read per manifest and
+blob; no LIST on either path. `WeightPublisher.prune(keep=)` (the trainer calls it every
+`config.rl.weight_store_prune_every` versions) deletes the versions before the newest anchor that
+every live subscriber has reached (and that is no newer than the `keep` newest versions); a
+subscriber's lease lapses `lease_s` after its last renewal, so a dead worker stops pinning.
+Every store request has a deadline; a fetch that keeps failing ends the `BackgroundFetcher` with
+an error naming the version.
 
 S3: `s3://bucket/prefix` takes its endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL and its
 region from AWS_REGION or AWS_DEFAULT_REGION (tensorstore reads neither itself); tensorstore
@@ -50,7 +56,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import os
 import socket
@@ -63,208 +68,36 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tensorstore as ts
 import zstandard
 
-FORMAT = 1
-CODEC = "byteplanes+zstd"
-MANIFESTS, BLOBS, SUBSCRIBERS = "manifests/", "blobs/", "subscribers/"
-# The model keeps its router (and balancing bias) in float32 whatever the param dtype
-# (c2/model/params.py): published in float32 too, so routing matches the trainer's.
-KEEP_DTYPE = ("router", "router_bias")
+from c2.rl.weight_store import (  # noqa: F401  (the store's names, importable from here too)
+    BLOBS,
+    CODEC,
+    FORMAT,
+    KEEP_DTYPE,
+    LATEST,
+    MANIFESTS,
+    SUBSCRIBERS,
+    TIMEOUT_S,
+    Bits,
+    Url,
+    WeightSyncError,
+    _bits,
+    _blob_prefix,
+    _layout,
+    _layout_diff,
+    _manifest_key,
+    _Store,
+    checksum,
+    decode,
+    encode,
+    flatten,
+    kvstore_spec,
+    serving_array,
+    unflatten,
+)
 
-Bits = dict[str, np.ndarray]  # tensor name -> its raw bits, an unsigned-int view
-Url = str | os.PathLike | Mapping[str, Any]  # a path, file://, s3://, gs://, or a kvstore spec
-
-
-class WeightSyncError(RuntimeError):
-    """The store cannot give a valid version; `version` and `tensor` name what was wrong."""
-
-    def __init__(self, message: str, *, version: int | None = None, tensor: str | None = None):
-        super().__init__(message)
-        self.version = version
-        self.tensor = tensor
-
-
-# The store ------------------------------------------------------------------------------------
-
-
-def kvstore_spec(url: Url) -> dict:
-    """A tensorstore kvstore spec for a local path, `file://`, `s3://` or `gs://` url."""
-    if isinstance(url, Mapping):
-        return dict(url)
-    url = os.fspath(url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "file", url
-    if scheme == "file":
-        return {"driver": "file", "path": os.path.abspath(rest).rstrip("/") + "/"}
-    if scheme not in ("s3", "gs"):
-        raise ValueError(f"weight store url {url!r}: expected a path, file://, s3:// or gs://")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"weight store url {url!r}: no bucket")
-    spec = {"driver": "s3" if scheme == "s3" else "gcs", "bucket": bucket}
-    if prefix.strip("/"):
-        spec["path"] = prefix.strip("/") + "/"
-    if scheme == "s3":
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        if endpoint:
-            spec["endpoint"] = endpoint
-            region = region or "us-east-1"
-        if region:
-            spec["aws_region"] = region
-    return spec
-
-
-class _Store:
-    """The few kvstore operations the publisher and the subscriber need, synchronous."""
-
-    def __init__(self, url: Url):
-        self.url = json.dumps(dict(url)) if isinstance(url, Mapping) else os.fspath(url)
-        self.kv = ts.KvStore.open(kvstore_spec(url)).result()
-
-    def read(self, key: str) -> bytes | None:
-        r = self.kv.read(key).result()
-        return r.value if r.state == "value" else None
-
-    def write(self, key: str, value: bytes) -> ts.Future:
-        return self.kv.write(key, value)
-
-    def list(self, prefix: str) -> list[str]:
-        keys = self.kv.list(_prefix_range(prefix), strip_prefix_length=len(prefix)).result()
-        return sorted(k.decode() for k in keys)
-
-    def delete(self, key: str) -> None:
-        self.kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")).result()
-
-    def delete_prefix(self, prefix: str) -> None:
-        self.kv.delete_range(_prefix_range(prefix)).result()
-
-    def versions(self) -> list[int]:
-        """Every version with a manifest (so complete), ascending."""
-        names = (n.removesuffix(".json") for n in self.list(MANIFESTS) if n.endswith(".json"))
-        return sorted(int(n) for n in names if n.isdigit())
-
-    def manifest(self, version: int) -> dict:
-        raw = self.read(_manifest_key(version))
-        if raw is None:
-            raise WeightSyncError(
-                f"version {version}: no manifest in {self.url} (never published, or pruned)",
-                version=version,
-            )
-        try:
-            m = json.loads(raw)
-        except ValueError as e:
-            raise WeightSyncError(
-                f"version {version}: unreadable manifest ({e})", version=version
-            ) from e
-        if m.get("format") != FORMAT or m.get("version") != version:
-            raise WeightSyncError(
-                f"version {version}: manifest of format {m.get('format')} for version "
-                f"{m.get('version')} (expected format {FORMAT}, version {version})",
-                version=version,
-            )
-        return m
-
-
-def _prefix_range(prefix: str) -> ts.KvStore.KeyRange:
-    return ts.KvStore.KeyRange(prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1))
-
-
-def _manifest_key(version: int) -> str:
-    return f"{MANIFESTS}{version:012d}.json"
-
-
-def _blob_prefix(version: int) -> str:
-    return f"{BLOBS}{version:012d}/"
-
-
-# Tensors: names, serving dtype, bits, codec ----------------------------------------------------
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested dict of arrays -> {'/'-joined path: array}, in sorted key order."""
-    out = {}
-    for key in sorted(tree):
-        if not isinstance(key, str) or "/" in key or not key:
-            raise ValueError(f"params key {prefix}{key!r}: expected a non-empty str without '/'")
-        value = tree[key]
-        if isinstance(value, Mapping):
-            out.update(flatten(value, f"{prefix}{key}/"))
-        elif hasattr(value, "shape") and hasattr(value, "dtype"):
-            out[prefix + key] = value
-        else:
-            raise TypeError(f"params {prefix}{key}: expected an array or a dict, got {value!r}")
-    return out
-
-
-def unflatten(flat: Mapping[str, Any]) -> dict:
-    """The inverse of `flatten`."""
-    tree: dict = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
-
-
-def serving_array(name: str, x, dtype, keep: Iterable[str] = KEEP_DTYPE) -> np.ndarray:
-    """`x` on the host as served: floating tensors cast to `dtype` (on device: half the copy),
-    except those whose last name component is in `keep`."""
-    if jnp.issubdtype(x.dtype, jnp.floating) and name.rsplit("/", 1)[-1] not in keep:
-        x = x.astype(dtype)
-    return np.ascontiguousarray(np.asarray(jax.device_get(x)))
-
-
-def _bits(x: np.ndarray) -> np.ndarray:
-    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
-
-
-def checksum(bits: np.ndarray | bytes) -> str:
-    data = bits if isinstance(bits, bytes) else np.ascontiguousarray(bits).view(np.uint8).data
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def encode(bits: np.ndarray, base: np.ndarray | None, level: int) -> bytes:
-    """zstd of the byte planes of `bits` (XOR `base` for a delta)."""
-    x = bits if base is None else bits ^ base
-    planes = np.ascontiguousarray(x.reshape(-1).view(np.uint8).reshape(-1, x.itemsize).T)
-    return zstandard.ZstdCompressor(level=level).compress(planes.data)
-
-
-def decode(blob: bytes, like: np.ndarray) -> np.ndarray:
-    """The array `encode` stored (still XOR-ed for a delta), shaped and typed as `like`."""
-    raw = zstandard.ZstdDecompressor().decompress(blob, max_output_size=like.nbytes)
-    planes = np.frombuffer(raw, np.uint8)
-    if planes.size != like.nbytes:
-        raise ValueError(f"decoded {planes.size} bytes, expected {like.nbytes}")
-    x = planes.reshape(like.itemsize, -1).T.copy().view(like.dtype)  # a new, writable array
-    return x.reshape(like.shape)
-
-
-def _layout(manifest: dict) -> dict[str, tuple[tuple[int, ...], str]]:
-    return {t["name"]: (tuple(t["shape"]), t["dtype"]) for t in manifest["tensors"]}
-
-
-def _describe(layout) -> str:
-    """(shape, dtype) -> 'bfloat16[4, 8]'; a bare shape -> '[4, 8]'."""
-    if layout and isinstance(layout[0], tuple):
-        return f"{layout[1]}{list(layout[0])}"
-    return str(list(layout))
-
-
-def _layout_diff(want: Mapping, got: Mapping) -> tuple[str, str] | None:
-    """(name, description) of the first tensor where two {name: (shape, dtype)} layouts differ."""
-    for name in sorted(set(want) | set(got)):
-        a, b = want.get(name), got.get(name)
-        if a != b:
-            what = lambda s: "absent" if s is None else _describe(s)
-            return name, f"tensor {name!r} is {what(b)}, expected {what(a)}"
-    return None
+LEASE_S = 120.0  # a subscriber's lease; renewed every third of it while the subscriber lives
 
 
 # The publisher ---------------------------------------------------------------------------------
@@ -336,7 +169,9 @@ class WeightPublisher:
             "created": time.time(),
             "tensors": entries,
         }
-        self.store.write(_manifest_key(version), json.dumps(manifest).encode()).result()
+        raw = json.dumps(manifest).encode()
+        self.store.write(_manifest_key(version), raw)
+        self.store.write_latest(version, raw)  # after the manifest: it names a complete version
         self._prev = {n: _bits(x) for n, x in arrays.items()}
         self._prev_version, self._prev_layout = version, layout
         self._since_anchor = 0 if anchor else self._since_anchor + 1
@@ -351,10 +186,13 @@ class WeightPublisher:
     def _check_version(self, version: int) -> int:
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
             raise ValueError(f"version={version!r}: expected an int >= 0")
-        versions = self.store.versions()
-        if versions and version <= versions[-1]:
+        newest = self._prev_version
+        if newest is None:  # a new publisher: one LIST for what the store holds
+            versions = self.store.versions()
+            newest = versions[-1] if versions else None
+        if newest is not None and version <= newest:
             raise WeightSyncError(
-                f"version {version}: the store already holds version {versions[-1]}; versions "
+                f"version {version}: the store already holds version {newest}; versions "
                 "must increase",
                 version=int(version),
             )
@@ -363,7 +201,7 @@ class WeightPublisher:
     def _put(self, version: int, name: str, array: np.ndarray, base: Bits | None) -> dict:
         bits = _bits(array)
         blob = encode(bits, None if base is None else base[name], self.level)
-        self.store.write(_blob_prefix(version) + name, blob).result()
+        self.store.write(_blob_prefix(version) + name, blob)
         return {
             "name": name,
             "shape": list(array.shape),
@@ -374,20 +212,23 @@ class WeightPublisher:
             "checksum": checksum(bits),
         }
 
-    def prune(self, keep: int = 2) -> list[int]:
-        """Delete the versions before the newest anchor that (a) every registered subscriber
-        holds or has passed and (b) is no newer than the `keep` newest versions; returns them.
+    def prune(self, keep: int = 2, now: float | None = None) -> list[int]:
+        """Delete the versions before the newest anchor that (a) every live subscriber (an
+        unexpired lease) holds or has passed and (b) is no newer than the `keep` newest
+        versions; returns them. One LIST of the manifests and one of the leases: off the
+        subscribers' path, every `prune_every` publications on the trainer.
 
         Any subscriber at or after that anchor, and any new one, can still reach every kept
         version: each kept delta's chain ends at a kept anchor or at a version it holds. A
-        subscriber that stopped without `close()` stays registered and holds versions back.
+        subscriber that died without `close()` pins nothing once its lease expires (`now`:
+        the wall-clock time leases are judged at, default the present).
         """
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep={keep!r}: expected an int >= 1")
         versions = self.store.versions()
         if not versions:
             return []
-        floor = min([versions[-min(keep, len(versions))], *self.subscribers().values()])
+        floor = min([versions[-min(keep, len(versions))], *self.subscribers(now).values()])
         anchors = [
             v for v in versions if v <= floor and self.store.manifest(v)["base_version"] is None
         ]
@@ -399,15 +240,9 @@ class WeightPublisher:
             self.store.delete_prefix(_blob_prefix(v))
         return doomed
 
-    def subscribers(self) -> dict[str, int]:
-        """{subscriber id: the version it holds}, as registered in the store."""
-        out = {}
-        for name in self.store.list(SUBSCRIBERS):
-            raw = self.store.read(SUBSCRIBERS + name)
-            if raw is not None:
-                entry = json.loads(raw)
-                out[entry["id"]] = int(entry["version"])
-        return out
+    def subscribers(self, now: float | None = None) -> dict[str, int]:
+        """{subscriber id: the version it holds} of the unexpired leases in the store."""
+        return self.store.leases(now)
 
     def close(self) -> None:
         self._pool.shutdown()
@@ -420,8 +255,10 @@ class WeightSubscriber:
     """Reads policy versions from the store (module doc). `fetch` returns the params as a nested
     dict of jax arrays in the published dtypes (placed with `shardings`, a matching tree, when
     given; else on the default device). like: a params tree (arrays or ShapeDtypeStructs) whose
-    names and shapes the store must have. register: record the held version under
-    `subscribers/<id>.json` after each fetch, for `WeightPublisher.prune`."""
+    names and shapes the store must have. register: hold a lease on the held version under
+    `subscribers/<id>.json`, written at each fetch and renewed by `renew` (the fetcher calls it
+    each poll) every third of `lease_s`, for `WeightPublisher.prune`. timeout_s: the deadline of
+    one store request."""
 
     def __init__(
         self,
@@ -432,8 +269,17 @@ class WeightSubscriber:
         subscriber_id: str | None = None,
         register: bool = True,
         threads: int = 8,
+        lease_s: float = LEASE_S,
+        timeout_s: float = TIMEOUT_S,
     ):
-        self.store = _Store(url)
+        if not lease_s > 0:
+            raise ValueError(f"lease_s={lease_s!r}: expected > 0")
+        self.store = _Store(url, timeout_s)
+        self.lease_s = lease_s
+        self._lease_until = 0.0  # when the lease written last expires (0: none written)
+        self._lease_version: int | None = None
+        self._verified: tuple[bytes | None, int | None] = (b"", None)  # (raw LATEST, its version)
+        self._manifest_cache: dict | None = None  # the manifest `latest_version` verified
         self.shardings = shardings
         self.id = subscriber_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.register = register
@@ -450,9 +296,36 @@ class WeightSubscriber:
         self.stats = {"fetches": 0, "versions_applied": 0, "bytes_read": 0, "fetch_s": 0.0}
 
     def latest_version(self) -> int | None:
-        """The newest complete version in the store, or None."""
-        versions = self.store.versions()
-        return versions[-1] if versions else None
+        """The newest complete version in the store, or None: one read of LATEST while it is
+        unchanged. A new pointer is believed once the manifest it names matches its checksum;
+        a missing or torn one, or one naming a manifest that is absent (pruned) or does not
+        match, costs one LIST of the manifests instead, once per state of the pointer."""
+        raw, pointer = self.store.read_latest()
+        if raw == self._verified[0]:
+            return self._verified[1]
+        newest = None
+        if pointer is not None:
+            version, expect = pointer
+            try:
+                self._manifest_cache = self.store.manifest(version, expect=expect)
+                newest = version
+            except WeightSyncError:
+                pass
+        if newest is None:  # not trusted: find the newest manifest by listing
+            versions = self.store.versions()
+            newest = versions[-1] if versions else None
+        self._verified = (raw, newest)
+        return newest
+
+    def renew(self) -> None:
+        """Rewrite the lease when the held version changed or a third of it has passed."""
+        if not self.register or self.version is None:
+            return
+        if self.version != self._lease_version or time.time() > self._lease_until - (
+            2 * self.lease_s / 3
+        ):
+            self._lease_until = self.store.write_lease(self.id, self.version, self.lease_s)
+            self._lease_version = self.version
 
     def fetch(self, version: int | None = None) -> tuple[int, dict]:
         """(version, params) of `version` (default: the newest complete one)."""
@@ -463,15 +336,13 @@ class WeightSubscriber:
                 self._advance(target)
                 self.stats["fetches"] += 1
                 self.stats["fetch_s"] += time.perf_counter() - t0
-            if self.register:
-                entry = {"id": self.id, "version": self.version, "time": time.time()}
-                key = f"{SUBSCRIBERS}{self.id}.json"
-                self.store.write(key, json.dumps(entry).encode()).result()
+            self.renew()
             return self.version, self._params()
 
     def close(self) -> None:
-        """Unregister (so `prune` no longer keeps versions for this subscriber)."""
-        self.store.delete(f"{SUBSCRIBERS}{self.id}.json")
+        """Give up the lease (so `prune` no longer keeps versions for this subscriber)."""
+        if self.register:
+            self.store.delete(f"{SUBSCRIBERS}{self.id}.json")
         self._pool.shutdown()
 
     def follow(self, engine, poll_s: float = 1.0) -> BackgroundFetcher:
@@ -481,36 +352,24 @@ class WeightSubscriber:
     # Internals ------------------------------------------------------------------------------
 
     def _target(self, version: int | None) -> int:
-        versions = self.store.versions()
-        if not versions:
+        newest = self.latest_version() if version is None else None
+        if version is None and newest is None:
             raise WeightSyncError(f"no complete version in {self.store.url}")
-        target = versions[-1] if version is None else int(version)
+        target = newest if version is None else int(version)
         if self.version is not None and target < self.version:
             raise WeightSyncError(
                 f"version {target} is older than version {self.version}, which this subscriber "
                 "holds",
                 version=target,
             )
-        if target not in versions and target != self.version:
-            raise WeightSyncError(
-                f"version {target}: not a complete version in {self.store.url} (newest: "
-                f"{versions[-1]})",
-                version=target,
-            )
         return target
 
     def _chain(self, target: int) -> list[dict]:
         """Manifests from the starting point (an anchor, or the version after the held one) to
-        `target`, in the order they are applied."""
-        chain = []
-        in_store = set(self.store.versions())
-        v = target
-        while True:
-            m = self.store.manifest(v)
-            chain.append(m)
-            base = m["base_version"]
-            if base is None or base == self.version:
-                return chain[::-1]
+        `target`, in the order they are applied: one read per manifest, no LIST."""
+        chain = [self._manifest(target, None)]
+        while (base := chain[-1]["base_version"]) is not None and base != self.version:
+            v = chain[-1]["version"]
             if self.version is not None and base < self.version:
                 raise WeightSyncError(
                     f"version {v}: a delta against version {base}, older than the held "
@@ -519,14 +378,28 @@ class WeightSubscriber:
                 )
             if base >= v:
                 raise WeightSyncError(f"version {v}: base_version {base} is not older", version=v)
-            if base not in in_store:
-                held = "nothing" if self.version is None else f"version {self.version}"
-                raise WeightSyncError(
-                    f"version {v}: a delta against version {base}, which this subscriber does "
-                    f"not hold (it holds {held}) and the store does not have",
-                    version=v,
-                )
-            v = base
+            chain.append(self._manifest(base, v))
+        return chain[::-1]
+
+    def _manifest(self, v: int, delta: int | None) -> dict:
+        """Version v's manifest (the one `latest_version` verified, when it is that one); delta:
+        the version whose base v is (None: v is the target)."""
+        if self._manifest_cache is not None and self._manifest_cache["version"] == v:
+            return self._manifest_cache
+        try:
+            return self.store.manifest(v)
+        except WeightSyncError as e:
+            if "no manifest" not in str(e):
+                raise
+            if delta is None:
+                what = f"version {v}: not a complete version in {self.store.url}"
+                raise WeightSyncError(f"{what} ({e})", version=v) from e
+            held = "nothing" if self.version is None else f"version {self.version}"
+            raise WeightSyncError(
+                f"version {delta}: a delta against version {v}, which this subscriber does "
+                f"not hold (it holds {held}) and the store does not have",
+                version=delta,
+            ) from e
 
     def _check_layout(self, m: dict) -> None:
         """The manifest's tensors are the held ones (names, shapes, dtypes), or `like`'s (names,
@@ -656,6 +529,7 @@ class BackgroundFetcher:
     def poll_once(self) -> int | None:
         """Fetch and deliver the newest version if it is newer than the held one."""
         self._target = None
+        self.subscriber.renew()  # a live subscriber keeps its lease; a dead one lets it expire
         newest = self.subscriber.latest_version()
         held = self.subscriber.version
         if newest is None or (held is not None and newest <= held):

@@ -2,7 +2,9 @@
 application, every kind of bad store (held weights untouched), invisible half-written versions,
 pruning, the S3 protocol against a real server on the loopback, and a real engine following."""
 
+import collections
 import json
+import re
 import socket
 import time
 
@@ -12,6 +14,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+import tensorstore as ts
 
 from c2 import model
 from c2.infer import Engine
@@ -268,6 +271,120 @@ def test_prune_keeps_what_registered_subscribers_can_still_need(tmp_path, versio
     assert pub.prune(keep=5) == []
 
 
+class CountingKv:
+    """Forwards to a tensorstore kvstore and records each request as (kind, key); `hang` (a key
+    prefix) gets a future that never resolves: a store that stops answering."""
+
+    def __init__(self, kv, hang: str | None = None):
+        self.kv, self.hang, self.calls, self._promises = kv, hang, [], []
+
+    def read(self, key, *args, **kwargs):
+        key = key.decode() if isinstance(key, bytes) else key
+        self.calls.append(("read", key))
+        if self.hang is not None and key.startswith(self.hang):
+            promise, future = ts.Promise.new()
+            self._promises.append(promise)  # never resolved
+            return future
+        return self.kv.read(key, *args, **kwargs)
+
+    def write(self, key, value, *args, **kwargs):
+        self.calls.append(("write", key))
+        return self.kv.write(key, value, *args, **kwargs)
+
+    def list(self, key_range, *args, **kwargs):
+        self.calls.append(("list", key_range.inclusive_min))
+        return self.kv.list(key_range, *args, **kwargs)
+
+    def delete_range(self, key_range):
+        self.calls.append(("delete", key_range.inclusive_min))
+        return self.kv.delete_range(key_range)
+
+    def kinds(self):
+        return collections.Counter(kind for kind, _ in self.calls)
+
+
+def test_a_poll_reads_only_the_pointer_whatever_the_history(tmp_path):
+    """With 5 or 100 versions in the store, a poll that finds nothing new is one read of LATEST
+    and a poll that finds a new version adds only that version's manifest and blobs and the
+    subscriber's lease: no LIST."""
+    counts = {}
+    for n in (5, 100):
+        url = tmp_path / f"store{n}"
+        params = [make_params()] + adam_like_steps(make_params(), n)
+        pub, _ = publish_all(url, params[:n], full_every=8)
+        sub = ws.WeightSubscriber(url)
+        fetcher = ws.BackgroundFetcher(sub, lambda p, v: None)
+        assert fetcher.poll_once() == n - 1
+        sub.store.kv = kv = CountingKv(sub.store.kv)
+        assert [fetcher.poll_once() for _ in range(3)] == [None] * 3
+        assert kv.calls == [("read", ws.LATEST)] * 3
+        kv.calls.clear()
+        pub.publish(params[n], n)  # a delta
+        assert fetcher.poll_once() == n and sub.last_applied == [n]
+        blobs = [("read", f"blobs/{n:012d}/{name}") for name in ws.flatten(params[n])]
+        lease = ("write", f"subscribers/{sub.id}.json")  # the lease moves to the new version
+        assert sorted(kv.calls) == sorted(
+            [("read", ws.LATEST), ("read", f"manifests/{n:012d}.json"), *blobs, lease]
+        )
+        counts[n] = len(kv.calls)
+    assert counts[5] == counts[100]
+
+
+def _write_pointer(root, version, manifest_checksum):
+    pointer = {"format": 1, "version": version, "manifest_checksum": manifest_checksum}
+    (root / "LATEST").write_text(json.dumps(pointer))
+
+
+POINTERS = {
+    "torn": lambda root: (root / "LATEST").write_text('{"format": 1, "vers'),
+    "missing": lambda root: (root / "LATEST").unlink(),
+    "names a pruned version": lambda root: _write_pointer(root, 9, ws.checksum(b"{}")),
+    "wrong manifest checksum": lambda root: _write_pointer(root, 2, "0" * 32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POINTERS))
+def test_a_torn_or_stale_pointer_is_not_trusted(tmp_path, versions, case):
+    """A pointer that cannot be parsed, or names a manifest that is absent or does not match,
+    is replaced by one LIST of the manifests (once for that pointer, not at every poll)."""
+    publish_all(tmp_path, versions[:4], full_every=8)
+    pointer = json.loads((tmp_path / "LATEST").read_text())
+    manifest = (tmp_path / "manifests" / f"{3:012d}.json").read_bytes()
+    assert pointer == {"format": 1, "version": 3, "manifest_checksum": ws.checksum(manifest)}
+    POINTERS[case](tmp_path)
+    sub = ws.WeightSubscriber(tmp_path)
+    sub.store.kv = kv = CountingKv(sub.store.kv)
+    assert sub.latest_version() == 3 and kv.kinds()["list"] == 1
+    assert sub.latest_version() == 3 and kv.kinds()["list"] == 1  # the same pointer: no LIST
+    version, params = sub.fetch()
+    assert version == 3 and kv.kinds()["list"] == 1
+    assert_holds(params, versions[3])
+    ws.WeightPublisher(tmp_path).publish(versions[4], 4)  # a good pointer again
+    assert sub.latest_version() == 4 and kv.kinds()["list"] == 1
+
+
+def test_prune_keeps_leased_versions_and_an_expired_lease_stops_pinning(tmp_path, versions):
+    """A subscriber that dies without close() pins its version only until its lease lapses;
+    a live one (a longer lease, or renewed) keeps the chain from the version it holds."""
+    pub, _ = publish_all(tmp_path, versions, full_every=3)  # anchors 0, 3, 6, 9
+    dead = ws.WeightSubscriber(tmp_path, lease_s=10)
+    live = ws.WeightSubscriber(tmp_path, lease_s=60)
+    dead.fetch(4)
+    live.fetch(7)
+    lease = json.loads((tmp_path / "subscribers" / f"{dead.id}.json").read_text())
+    assert lease["version"] == 4 and lease["expires"] == pytest.approx(lease["renewed"] + 10)
+    assert pub.prune(keep=2) == [0, 1, 2]  # dead holds 4: the newest anchor it passed is 3
+    later = time.time() + 30  # dead's lease has lapsed, live's has not
+    assert pub.subscribers(now=later) == {live.id: 7}
+    assert pub.prune(keep=2, now=later) == [3, 4, 5]  # live holds 7: anchor 6 stays
+    assert pub.prune(keep=2, now=later) == []
+    assert not list((tmp_path / "blobs").glob(f"{5:012d}/*"))
+    _, params = live.fetch(8)  # from the version it holds
+    assert live.last_applied == [8]
+    assert_holds(params, versions[8])
+    assert pub.prune(keep=1, now=time.time() + 120) == [6, 7, 8]  # every lease lapsed
+
+
 def test_kvstore_urls(monkeypatch):
     assert ws.kvstore_spec("/a/b") == {"driver": "file", "path": "/a/b/"}
     assert ws.kvstore_spec("file:///a/b/") == {"driver": "file", "path": "/a/b/"}
@@ -376,6 +493,39 @@ def test_a_fetch_that_keeps_failing_is_fatal_and_names_the_version(tmp_path, ver
     assert "fetching version 2 of" in str(error) and "failed 4 times in a row" in str(error)
     assert "holding version 0" in str(error) and "checksum mismatch" in str(error)
     assert sub.version == 0
+
+
+FETCH_FAILURES = {
+    "deleted shard": (
+        lambda root: (root / "blobs" / f"{2:012d}" / "embed").unlink(),
+        "blob missing",
+    ),
+    "corrupt shard": (lambda root: _corrupt_blob(root, 2, "embed"), "checksum mismatch"),
+    "store stops answering": (None, "reading blobs/000000000002/.* no answer in 0.05 s"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FETCH_FAILURES))
+def test_a_failing_fetch_is_retried_then_an_error_naming_the_version(tmp_path, versions, case):
+    """Every store request has a deadline, so a store that never answers fails like a damaged
+    one: retried, then handed to on_fatal as an error naming the version, never a hang."""
+    damage, message = FETCH_FAILURES[case]
+    publish_all(tmp_path, versions[:3], full_every=8)
+    sub = ws.WeightSubscriber(tmp_path, timeout_s=0.05)
+    sub.fetch(0)
+    if damage is None:
+        sub.store.kv = CountingKv(sub.store.kv, hang=f"blobs/{2:012d}/")
+    else:
+        damage(tmp_path)
+    fatal = []
+    f = ws.BackgroundFetcher(sub, lambda p, v: None, poll_s=0.001, max_failures=3,
+                             on_fatal=fatal.append).start()  # fmt: skip
+    assert not f.wait_for(2, timeout=120)  # False once the fetcher gave up
+    f.stop()
+    (error,) = fatal
+    assert error.version == 2 and len(f.errors) == 3 and sub.version == 0
+    assert "fetching version 2 of" in str(error) and "failed 3 times in a row" in str(error)
+    assert re.search(message, str(error))
 
 
 def _ready_later(tree):
