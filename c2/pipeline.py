@@ -58,6 +58,20 @@ def stage_configs(config: ml_collections.ConfigDict, workdir: Path) -> dict:
     return out
 
 
+def check_sandbox(where: str) -> None:
+    """An RL stage grades its episodes in a namespace sandbox (bubblewrap), and grading refuses
+    anything weaker: say so before the first stage trains, not when the RL stage starts."""
+    from c2.envs.isolation import probe
+
+    isolation = probe()
+    if jax.process_index() == 0 and isolation.backend == "rlimit":  # process 0 grades
+        raise ConfigError(
+            f"{where} grades its episodes in a bubblewrap sandbox, and this machine has none "
+            f"({isolation.describe()}): install bubblewrap (`make system-deps` as root, or "
+            "`apt-get install bubblewrap`), then run the same command again"
+        )
+
+
 def validate_pipeline(
     config: ml_collections.ConfigDict, workdir: Path, num_devices: int | None = None
 ) -> dict:
@@ -69,6 +83,7 @@ def validate_pipeline(
                 from c2.rl.config import validate_rl
 
                 validate_rl(stage, num_devices or jax.device_count())
+                check_sandbox(f"stage {name!r} (RL)")
             else:
                 lm.validate(stage, num_devices or jax.device_count())
         except ConfigError as e:
@@ -97,6 +112,7 @@ def run_stage(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     if "rl" in config:
         from c2.rl import trainer as rl_trainer
 
+        check_sandbox("the RL stage")
         return rl_trainer.run(config, workdir)
     return train(config, workdir, lm.build_task(config))
 

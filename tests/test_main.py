@@ -102,6 +102,30 @@ def test_pipeline_stage_errors_name_the_stage(tmp_path):
     assert not (tmp_path / "main" / "cpt").exists()
 
 
+def test_a_missing_sandbox_stops_the_job_before_the_first_stage(tmp_path, monkeypatch):
+    """The RL stage needs bubblewrap to grade: said in the first seconds, naming the fix, not
+    after the stages before it have trained (the pipeline checks it with every stage's config;
+    a single RL stage before it builds anything)."""
+    from c2.envs import isolation
+    from c2.pipeline import validate_pipeline
+    from c2.train.config import ConfigError, load_config
+
+    weak = isolation.probe("rlimit")
+    monkeypatch.setattr(isolation, "probe", lambda backend="auto": weak)
+    pipeline = load_config(str(ROOT / "experiments/pipeline_tiny.py"))
+    with pytest.raises(ConfigError, match="stage 'rl' \\(RL\\) grades its episodes in a bubbl"):
+        validate_pipeline(pipeline, tmp_path / "main", num_devices=1)
+    workdir = tmp_path / "rl"
+    with pytest.raises(SystemExit) as e:
+        run_cli("--config=experiments/rl_tiny.py", f"--workdir={workdir}")
+    message = str(e.value.code)
+    assert message.startswith("config error: the RL stage grades its episodes in a bubblewrap"), (
+        message
+    )
+    assert "make system-deps" in message and "rlimit" in message
+    assert not workdir.exists()  # nothing built, nothing written
+
+
 @pytest.mark.slow
 def test_main_job_quick_end_to_end(tmp_path):
     """`python -m c2.main --config=experiments/pipeline_tiny.py:quick` on one CPU device."""
