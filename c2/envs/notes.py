@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
+import os
 import random
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from c2.envs.agents import tool_call
+from c2.envs.chain_prompts import SUMMARY_INSTRUCTION, segment_head
 from c2.envs.episode import compact_system_prompt
 from c2.envs.functions import write_file_output
 from c2.envs.tasks import Task, write_task
@@ -118,8 +121,6 @@ def _source(f: str, values: Sequence[int]) -> str:
 @functools.cache
 def _fixed_text() -> str:
     """Every episode text of the notes tasks that is not a key or a value, lower case."""
-    from c2.rl.episodes import SUMMARY_INSTRUCTION, segment_head
-
     instruction = _instruction("total", ["", ""])  # the template's words, no keys
     summary = summary_text({"keys": ["k"], "values": [1], "file": "total.py"}, 0)
     parts = [*FILLER["train"], *FILLER["eval"], compact_system_prompt(), SUMMARY_INSTRUCTION]
@@ -247,11 +248,9 @@ def oracle_chain(
     """The reference episode as conversations, one per segment: read every note, write the
     function, submit. `task`: a Task, or notes_task's dict. `cuts`: numbers of notes read after
     which the episode is cut; there the observation comes with the summary instruction
-    (c2.rl.episodes.SUMMARY_INSTRUCTION), the agent writes summary_text, and the next segment
+    (c2.envs.chain_prompts.SUMMARY_INSTRUCTION), the agent writes summary_text, and the next segment
     starts from the task and that summary. submit_with_write: one reply writes the file and
     submits (two calls)."""
-    from c2.rl.episodes import SUMMARY_INSTRUCTION, segment_head
-
     if isinstance(task, Task):
         meta, instruction, mount_at = dict(task.metadata), task.instruction, task.mount_at
         notes = {k: (task.workspace_dir / "notes" / f"{k}.txt").read_text() for k in meta["keys"]}
@@ -339,6 +338,14 @@ def chain_conversations(
     return out
 
 
+def _write_jsonl(path: Path, records: Sequence[dict]) -> None:
+    """`records` one JSON object a line (the SFT JSONL c2.data.sft reads), written to a
+    temporary file first: never a half-written file under the name."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
@@ -371,9 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         convs = chain_conversations(a.n, a.seed, a.split, a.files, a.note_chars, a.level, cuts)
         out = Path(a.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        from c2.data.sft import write_sft_jsonl  # the data package, only for this output
-
-        write_sft_jsonl(out, convs)  # never a half-written file under the name
+        _write_jsonl(out, convs)
         print(f"wrote {len(convs)} conversations of {a.n} tasks to {out}")
         return 0
     tasks = generate_notes_tasks(a.out, a.n, a.seed, a.split, a.files, a.note_chars, a.level)

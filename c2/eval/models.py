@@ -14,7 +14,6 @@ evaluations here run unsharded). `export_stage(workdir, DIR)` writes a workdir's
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import shutil
@@ -26,6 +25,7 @@ import ml_collections
 
 from c2 import model as model_lib
 from c2.data.tokenizer import Tokenizer, load_tokenizer
+from c2.rl.saved_config import stage_config  # noqa: F401 - this module's API too
 
 
 @dataclasses.dataclass
@@ -40,50 +40,6 @@ class LoadedModel:
     def forward_flops_per_token(self) -> float:
         """Forward FLOPs per token at a 512-token context (training FLOPs / 3)."""
         return model_lib.flops_per_token(self.cfg, 512, include_mtp=False) / 3.0
-
-
-def stage_config(workdir: str | Path) -> tuple[Path, ml_collections.ConfigDict]:
-    """(stage dir, its LM-stage config) for a stage or pipeline workdir."""
-    workdir = Path(workdir)
-    saved = workdir / "config.json"
-    if not saved.is_file():
-        raise FileNotFoundError(
-            f"{str(workdir)!r}: no config.json; expected a c2 workdir (python -m c2.main "
-            "--workdir=DIR), 'hf:DIR', or a scripted policy"
-        )
-    config = ml_collections.ConfigDict(json.loads(saved.read_text()))
-    if "stages" in config:  # a pipeline: its last stage's weights
-        last = list(config.stages.keys())[-1]
-        return stage_config(workdir / last)
-    config = _with_defaults(config)
-    if "rl" in config:  # an RL stage: the training-stage part (what c2.train.lm reads)
-        base = copy.deepcopy(config)
-        with base.unlocked():
-            del base["rl"]
-        base.data.seq_len = max(config.rl.seq_buckets)
-        base.data.batch_size = config.rl.prompts_per_step * config.rl.group_size
-        config = base
-    return workdir, config
-
-
-def _with_defaults(saved: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """A saved stage config with the fields added to c2 since it was written, at their defaults
-    (which keep the old behaviour), so a run directory stays loadable as the config grows."""
-    if "rl" in saved:
-        from c2.rl.config import rl_stage_defaults as defaults
-    else:
-        from c2.train.config import stage_defaults as defaults
-
-    def fill(got: dict, want: dict) -> dict:
-        out = dict(got)
-        for key, value in want.items():
-            if key not in out:
-                out[key] = value
-            elif isinstance(value, dict) and isinstance(out[key], dict):
-                out[key] = fill(out[key], value)
-        return out
-
-    return ml_collections.ConfigDict(fill(saved.to_dict(), defaults().to_dict()))
 
 
 def load_model(spec: str, step: int | None = None) -> LoadedModel:

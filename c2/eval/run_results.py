@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from c2.eval.passk import pass_at_k, wilson_interval
+from c2.passk import pass_at_k, wilson_interval
 
 DIMENSIONS = ("correctness", "quality", "efficiency", "interaction")
 # An episode the harness could not play or grade (its reason in failure_reason): a failure.
@@ -27,7 +27,7 @@ def ks_for(n: int) -> list[int]:
 
 def _interval(values: Sequence[float]) -> dict:
     """The mean over tasks (the independent units; one task's samples are not) and its 95%
-    Wilson interval (c2.eval.passk.wilson_interval: inside [0, 1], wide at 0 and 1)."""
+    Wilson interval (c2.passk.wilson_interval: inside [0, 1], wide at 0 and 1)."""
     mean = float(np.mean(np.asarray(values, float)))
     return {"mean": mean, "ci95": wilson_interval(min(max(mean, 0.0), 1.0), len(values))}
 

@@ -1,9 +1,11 @@
 """Held-out evaluation during RL: pass@1 and best-of-K over K samples per task, with intervals.
 
 Per task i with c_i of K samples correct: pass@1_i = c_i / K and best-of-K_i = pass@K = 1[c_i > 0]
-(the unbiased estimator with n = K). The 95% interval of a mean over tasks is the normal one,
-mean +- 1.96 * sd / sqrt(n_tasks) (tasks are the independent units; samples of one task are not).
-`compare` gives the paired difference of two evaluations of the same tasks (RL start vs now).
+(the unbiased estimator with n = K). The 95% interval of a rate over tasks (tasks are the
+independent units; samples of one task are not) is the Wilson interval (c2.passk), which stays
+inside [0, 1] and keeps a width at 0 and 1. `compare` gives the paired difference of two
+evaluations of the same tasks (RL start vs now), with the normal interval
+mean +- 1.96 * sd / sqrt(n_tasks) of a difference in [-1, 1].
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from c2.eval.passk import pass_at_k
+from c2.passk import Z95, pass_at_k, wilson_interval
 from c2.rl.records import Sample
 
-Z95 = 1.959963984540054
+
+def _rate_interval(values: np.ndarray) -> tuple[float, float, float]:
+    """The mean of per-task rates in [0, 1] and its 95% Wilson interval over the tasks."""
+    mean = min(1.0, max(0.0, float(values.mean())))  # rounding of a mean of rates
+    lo, hi = wilson_interval(mean, len(values))
+    return mean, lo, hi
 
 
 def _interval(values: np.ndarray) -> tuple[float, float, float]:
+    """The mean of paired differences and its normal 95% interval."""
     mean = float(values.mean())
     half = Z95 * float(values.std(ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else 0.0
     return mean, mean - half, mean + half
@@ -44,8 +52,8 @@ def summarize(samples: Sequence[Sample]) -> dict:
     K = ks.pop()
     p1 = np.array([sum(v) / K for v in tasks.values()])
     best = np.array([pass_at_k(K, sum(v), K) for v in tasks.values()])
-    m1, lo1, hi1 = _interval(p1)
-    mk, lok, hik = _interval(best)
+    m1, lo1, hi1 = _rate_interval(p1)
+    mk, lok, hik = _rate_interval(best)
     tokens = np.array([sum(seg.generated_tokens for seg in s.chain) for s in samples])
     terms = defaultdict(list)
     for s in samples:

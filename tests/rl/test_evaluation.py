@@ -29,10 +29,35 @@ def test_summary_by_hand():
     per_task = np.array([0.5, 0.0, 1.0])
     assert s["k"] == 4 and s["tasks"] == 3 and s["samples"] == 12
     assert s["pass@1"] == pytest.approx(0.5)
-    half = Z95 * per_task.std(ddof=1) / math.sqrt(3)
+    assert s["pass@1"] == pytest.approx(per_task.mean())
+    # Wilson over 3 tasks at 1/2: center 1/2, half-width z / (1 + z^2/n) * sqrt(1/(4n) + z^2/(4n^2))
+    z2, n = Z95**2, 3
+    half = Z95 / (1 + z2 / n) * math.sqrt(0.25 / n + z2 / (4 * n * n))
     assert s["pass@1_ci95"] == pytest.approx([0.5 - half, 0.5 + half])
     assert s["best_of_4"] == pytest.approx(2 / 3)
+    p = 2 / 3  # best-of-4: a and c
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    assert s["best_of_4_ci95"] == pytest.approx([center - half, center + half])
     assert s["per_task_passes"] == {"a": 2, "b": 0, "c": 4}
+
+
+@pytest.mark.parametrize("passed", [0, 1])
+def test_all_pass_and_all_fail_intervals_stay_in_the_unit_range_with_a_width(passed):
+    """At 0 or 1 the normal interval collapses to a point; Wilson's is [0, z^2/(n+z^2)] at 0 and
+    [n/(n+z^2), 1] at 1 (n tasks)."""
+    s = summarize(_run({t: [passed] * 2 for t in "abcd"}))
+    n, z2 = 4, Z95**2
+    want = [n / (n + z2), 1.0] if passed else [0.0, z2 / (n + z2)]
+    assert s["pass@1"] == passed and s["best_of_2"] == passed
+    assert s["pass@1_ci95"] == pytest.approx(want) and s["best_of_2_ci95"] == pytest.approx(want)
+
+
+def test_intervals_stay_inside_the_unit_range():
+    """19 of 20 tasks solved: mean + z*sd/sqrt(n) passes 1; the Wilson interval does not."""
+    s = summarize(_run({f"t{i}": [int(i > 0)] for i in range(20)}))
+    lo, hi = s["pass@1_ci95"]
+    assert 0.0 <= lo < 0.95 < hi <= 1.0
 
 
 def test_paired_gain_by_hand():
