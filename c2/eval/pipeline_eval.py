@@ -21,7 +21,6 @@ from c2.data import pipeline as data_pipeline
 from c2.train import lm
 from c2.train.bpb import heldout_bpb
 from c2.train.checkpoint import Checkpointer
-from c2.train.config import sharding_rules
 from c2.train.loop import init_key
 
 log = logging.getLogger(__name__)
@@ -44,10 +43,11 @@ def eval_defaults() -> ml_collections.ConfigDict:
     return e
 
 
-def _latest_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
-    """(step, params) of the newest readable checkpoint in stage_dir, laid out on `mesh`."""
+def _latest_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh_sizes: dict):
+    """(step, params) of the newest readable checkpoint in stage_dir, laid out by the stage's
+    layout on a mesh of `mesh_sizes`."""
     cfg = lm.model_config(stage)
-    shardings = model_lib.param_shardings(cfg, mesh, sharding_rules(stage))
+    shardings = model_lib.param_shardings(cfg, lm.make_layout(stage, mesh_sizes))
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         model_lib.abstract_params(cfg),
@@ -61,40 +61,43 @@ def _latest_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
     return found[0], found[1]
 
 
-def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh):
-    """The final parameters of a finished stage, laid out on `mesh`."""
-    step, params = _latest_params(stage, stage_dir, mesh)
+def stage_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh_sizes: dict):
+    """The final parameters of a finished stage, laid out by its layout (mesh of `mesh_sizes`,
+    the stage's `config.mesh.rules`)."""
+    step, params = _latest_params(stage, stage_dir, mesh_sizes)
     if step != stage.train.steps:
         raise RuntimeError(f"{stage_dir}: latest checkpoint is step {step}, not the final one")
     return params
 
 
-def _start_row(first: ml_collections.ConfigDict, mesh):
+def _start_row(first: ml_collections.ConfigDict, mesh_sizes: dict):
     """The parameters stage 1 started from: its fresh init, an HF import or a workdir."""
-    cfg = lm.model_config(first)
+    cfg, layout = lm.model_config(first), lm.make_layout(first, mesh_sizes)
     if not first.init_from:
-        params = model_lib.init_params(cfg, init_key(first.train.seed), mesh, sharding_rules(first))
-        return "untrained", cfg, params
+        params = model_lib.init_params(cfg, init_key(first.train.seed), layout)
+        return "untrained", cfg, params, layout
     if first.init_from.startswith("hf:"):
-        base = lm.import_hf_params(first.init_from[3:], cfg, mesh, seed=first.train.seed)
-        return "base (HF import)", cfg, base
-    return "base (init_from)", cfg, _latest_params(first, Path(first.init_from), mesh)[1]
+        base = lm.import_hf_params(first.init_from[3:], cfg, layout, seed=first.train.seed)
+        return "base (HF import)", cfg, base, layout
+    params = _latest_params(first, Path(first.init_from), mesh_sizes)[1]
+    return "base (init_from)", cfg, params, layout
 
 
-def _models(stages: dict, workdir: Path, mesh):
-    """(label, ModelConfig, params) for every row of the evaluation."""
-    rows = [_start_row(next(iter(stages.values())), mesh)]
-    prev_cfg = prev_params = prev_name = None
+def _models(stages: dict, workdir: Path, mesh_sizes: dict):
+    """(label, ModelConfig, params, the layout they are laid out by) for every row of the
+    evaluation: each stage's own rules on one mesh of `mesh_sizes`."""
+    rows = [_start_row(next(iter(stages.values())), mesh_sizes)]
+    prev_cfg = prev_params = prev_name = prev_layout = None
     yarn_shown = False
     for name, stage in stages.items():
-        cfg = lm.model_config(stage)
-        params = stage_params(stage, workdir / name, mesh)
+        cfg, layout = lm.model_config(stage), lm.make_layout(stage, mesh_sizes)
+        params = stage_params(stage, workdir / name, mesh_sizes)
         if cfg.rope_scaling is not None and prev_cfg is not None and not yarn_shown:
             if prev_cfg.rope_scaling is None:
-                rows.append((f"{prev_name} + YaRN, no training", cfg, prev_params))
+                rows.append((f"{prev_name} + YaRN, no training", cfg, prev_params, prev_layout))
             yarn_shown = True
-        rows.append((f"after {name}", cfg, params))
-        prev_cfg, prev_params, prev_name = cfg, params, name
+        rows.append((f"after {name}", cfg, params, layout))
+        prev_cfg, prev_params, prev_name, prev_layout = cfg, params, name, layout
     return rows
 
 
@@ -104,7 +107,6 @@ def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Pat
     ec = config.eval
     first = next(iter(stages.values()))
     mesh_sizes, _ = lm.validate(first, jax.device_count())
-    mesh = lm.make_mesh(mesh_sizes)
     tok = first.data.tokenizer
     short = data_pipeline.make_eval_batches(
         ec.corpus, tok, ec.short_seq_len, ec.short_batch_size, max_batches=ec.short_batches
@@ -123,9 +125,9 @@ def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Pat
             max_batches=ec.sft_batches,
         )
     rows = []
-    for label, cfg, params in _models(stages, workdir, mesh):
-        s = heldout_bpb(params, cfg, short, mesh)
-        lg = heldout_bpb(params, cfg, long, mesh)
+    for label, cfg, params, layout in _models(stages, workdir, mesh_sizes):
+        s = heldout_bpb(params, cfg, short, layout)
+        lg = heldout_bpb(params, cfg, long, layout)
         row = {
             "model": label,
             "yarn": cfg.rope_scaling is not None,
@@ -135,7 +137,7 @@ def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Pat
             "mtp1_acceptance_long": lg.get("mtp1_acceptance"),
         }
         if sft is not None:
-            row["sft_bpb"] = heldout_bpb(params, cfg, sft, mesh)["bpb"]
+            row["sft_bpb"] = heldout_bpb(params, cfg, sft, layout)["bpb"]
         log.info("eval %s", row)
         rows.append(row)
     results = {

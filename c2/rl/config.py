@@ -23,10 +23,14 @@ from c2.rl.objectives import EFFORT_TERMS, EffortWeights, ObjectiveConfig
 from c2.rl.objectives.rewards import Weight
 from c2.rl.step import MISMATCH_TOKENS, TOOL_CALL_CREDITS
 from c2.train import lm
-from c2.train.config import ConfigError, check_positive, check_structure, stage_defaults
+from c2.train.config import (
+    ConfigError,
+    check_positive,
+    check_structure,
+    sharding_rules,
+    stage_defaults,
+)
 
-# Reward terms the environment produces, besides the trainer's "kl" and "length_penalty".
-EPISODE_TERMS = ("task", "style", "communication", "tool_call_penalty")
 # Terms whose weight the config sets (rewards.<term>), each with an optional schedule.
 SCHEDULED_TERMS = ("style", "communication", "tool_call_penalty", "length_penalty")
 OBJECTIVE_FIELDS = tuple(
@@ -99,6 +103,10 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.weight_store = ""
     r.weight_store_dtype = "bfloat16"
     r.weight_store_full_every = 16
+    # Every prune_every versions the trainer deletes old versions, keeping the `keep` newest and
+    # what live workers (unexpired leases) still need.
+    r.weight_store_prune_every = 16
+    r.weight_store_keep = 2
     # Where episodes are played (c2/rl/fleet.py): "local" (one engine in the trainer's process)
     # or "ray" (num_rollout_workers Ray actors, each with its own engine and sandbox pool, fed by
     # the same scheduler; weights through the weight store, which defaults to DIR/weight_store).
@@ -287,6 +295,7 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
     r = config.rl
     positive = ("group_size", "prompts_per_step", "micro_batch_size", "eval.tasks", "eval.samples")
     positive += ("rollout.engine_slots", "rollout.tool_workers", "weight_store_full_every")
+    positive += ("weight_store_prune_every", "weight_store_keep")
     check_positive(config, *(f"rl.{name}" for name in positive))
     zero_ok = ("max_staleness", "eval.every", "rewards.length_k", "rewards.style")
     zero_ok += ("rewards.communication", "rewards.tool_call_penalty", "rewards.length_penalty")
@@ -357,11 +366,13 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"sequence bucket {max(buckets)} (config.rl.seq_buckets)"
         )
     mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
-    batch_devices = math.prod(mesh_sizes[a] for a in sharding.BATCH_AXES)
+    # The batch axes of the stage's layout (config.mesh.rules), as RLLearner spreads them.
+    batch_axes = sharding.rule_axes(sharding_rules(config)["batch"])
+    batch_devices = math.prod(mesh_sizes[a] for a in batch_axes)
     if r.micro_batch_size % batch_devices:
         raise ConfigError(
             f"config.rl.micro_batch_size={r.micro_batch_size} is not divisible by the mesh's "
-            f"batch axes {sharding.BATCH_AXES} of total size {batch_devices}: every micro-batch "
+            f"batch axes {batch_axes} of total size {batch_devices}: every micro-batch "
             "is spread over all of them"
         )
     if r.rollout.max_tokens > cfg.max_seq_len:
@@ -455,7 +466,7 @@ def _init_model_config(config: ml_collections.ConfigDict):
         from c2.model.hf_config import config_from_hf
 
         return config_from_hf(json.loads(saved.read_text()), strict=False)
-    from c2.eval.models import stage_config  # the saved config, with fields added since at defaults
+    from c2.rl.saved_config import stage_config  # with fields added since at defaults
 
     try:
         stage_dir, theirs = stage_config(init)

@@ -40,7 +40,6 @@ import collections
 import concurrent.futures as cf
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import shutil
 import threading
@@ -52,134 +51,46 @@ from pathlib import Path
 import numpy as np
 
 from c2.data.chat import AgentChat
+from c2.envs.chain_prompts import (  # noqa: F401 - SUMMARY_HEADER: this module's API too
+    SUMMARY_HEADER,
+    SUMMARY_INSTRUCTION,
+    segment_head,
+)
 from c2.envs.episode import Episode, task_system_prompt
 from c2.envs.grading import grade
 from c2.envs.sandbox import Sandbox, SandboxLimits
-from c2.envs.tasks import Task
 from c2.envs.tools import InvalidToolCall, Tools, validate_tool_call
 from c2.infer.engine import Engine
 from c2.infer.records import Completion
+from c2.rl.episode_fields import (  # noqa: F401 - error_metrics: this module's API too
+    CORRECTNESS_KEYS,
+    call_summary,
+    episode_info,
+    error_metrics,
+    trajectory_fields,
+    untrained_fields,
+)
 from c2.rl.records import Sample
 from c2.rl.rewards import effort_counts, reward_terms
+from c2.rl.rollout_config import (  # noqa: F401 - CONTEXT_MANAGEMENT: this module's API too
+    CONTEXT_MANAGEMENT,
+    EpisodeRequest,
+    RolloutConfig,
+)
 
 log = logging.getLogger(__name__)
 
-STOP_REASONS = (
-    "submit",  # the agent called submit
-    "final_message",  # a reply with no tool call
-    "max_turns",
-    "max_tokens",  # the episode's token budget (prompt + replies + observations)
-    "context",  # the engine's context (max_len) could not hold the next observation
-    "turn_budget",  # a reply ran out of max_turn_tokens before <|im_end|>
-    "prompt_too_long",
-    "rollout_error",  # its tools, grading or the engine raised on every attempt
-    "chain_budget",  # context management needed another segment beyond max_segments
-)
-CONTEXT_MANAGEMENT = ("none", "self_summary", "compaction")
-# Short on purpose: with byte tokens every character is a token of the context the chain saves.
-SUMMARY_INSTRUCTION = (
-    "Your context is nearly full. Summarise your progress: exact values found, changes made, "
-    "what is left. No tool call."
-)
-SUMMARY_HEADER = "Your summary (context reset; files are as you left them):"
 
-
-def segment_head(instruction: str) -> str:
-    """The user turn that opens a chain's next segment, before the summary: the task, then the
-    header (agent SFT data renders it with this too, so both token streams are the same)."""
-    return f"{instruction.rstrip()}\n\n{SUMMARY_HEADER}\n"
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    """Episode budgets and sampling. Tokens count ids (the tokenizer's)."""
-
-    max_turns: int = 4
-    max_tokens: int = 1024
-    max_turn_tokens: int = 256
-    max_observation_chars: int = 2000
-    run_timeout_s: float = 20.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    tool_workers: int = 4
-    keep_workspaces: bool = False
-    max_attempts: int = 3  # an episode that raises is played again, up to this many times
-    # Simulated test-suite runtime (benchmarks): each task's grading waits scale * U^(-1/alpha)
-    # seconds (Pareto, U drawn from the task id), at most 20 * scale. (0, 0): off.
-    test_latency_pareto: tuple[float, float] = (0.0, 0.0)
-    # Context management (module doc). Triggers and budgets in tokens; 0: the defaults below.
-    context_management: str = "none"
-    summary_trigger: int = 0  # 0: max_tokens - summary_max_tokens - max_turn_tokens
-    summary_trigger_max: int = 0  # > summary_trigger: drawn per prompt in [trigger, max]
-    summary_max_tokens: int = 0  # 0: max_tokens // 8
-    max_segments: int = 4
-
-    def __post_init__(self):
-        for k in ("max_turns", "max_tokens", "max_turn_tokens", "max_observation_chars"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
-        for k in ("tool_workers", "max_attempts"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 1")
-        if self.context_management not in CONTEXT_MANAGEMENT:
-            raise ValueError(
-                f"RolloutConfig.context_management={self.context_management!r}: expected one of "
-                f"{CONTEXT_MANAGEMENT}"
-            )
-        for k in ("summary_trigger", "summary_trigger_max", "summary_max_tokens"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"RolloutConfig.{k}={getattr(self, k)}: expected >= 0")
-        if self.max_segments < 1:
-            raise ValueError(f"RolloutConfig.max_segments={self.max_segments}: expected >= 1")
-        if self.context_management != "none":
-            (lo, hi), room = self.trigger_range, self.max_tokens - self.summary_budget
-            if not 0 < lo <= hi <= room:
-                raise ValueError(
-                    f"RolloutConfig.summary_trigger={lo} (up to RolloutConfig.summary_trigger_max="
-                    f"{hi}) must lie in (0, max_tokens - summary budget = {room}]: the summary "
-                    "must fit in the context after the trigger"
-                )
-        scale, alpha = self.test_latency_pareto
-        if scale < 0 or alpha < 0 or (scale > 0) != (alpha > 0):
-            raise ValueError(
-                f"RolloutConfig.test_latency_pareto={self.test_latency_pareto}: expected "
-                "(scale_s > 0, alpha > 0), or (0, 0) for off"
-            )
-
-    @property
-    def summary_budget(self) -> int:
-        return self.summary_max_tokens or max(1, self.max_tokens // 8)
-
-    @property
-    def trigger_range(self) -> tuple[int, int]:
-        lo = self.summary_trigger or self.max_tokens - self.summary_budget - self.max_turn_tokens
-        return lo, max(lo, self.summary_trigger_max)
-
-    def trigger(self, prompt_id: str) -> int:
-        """The segment length (tokens) past which a chain cuts: the same for a whole group."""
-        lo, hi = self.trigger_range
-        digest = hashlib.sha256(f"trigger:{prompt_id}".encode()).digest()
-        return lo + int.from_bytes(digest[:8], "little") % (hi - lo + 1)
-
-    def test_latency_s(self, task_id: str) -> float:
-        """The simulated test runtime of a task (0 when off); the same for every episode of it."""
-        scale, alpha = self.test_latency_pareto
-        if not scale:
-            return 0.0
-        digest = hashlib.sha256(task_id.encode()).digest()
-        u = (int.from_bytes(digest[:8], "little") + 1) / 2.0**64  # uniform in (0, 1]
-        return min(scale * u ** (-1.0 / alpha), 20.0 * scale)
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeRequest:
-    """One episode to play: the task and where its sample belongs."""
-
-    task: Task
-    prompt_id: str
-    group_id: str
-    sample_index: int
+# The stop reasons EpisodeRunner gives an episode (Sample.stop_reason):
+#   submit           the agent called submit
+#   final_message    a reply with no tool call
+#   max_turns
+#   max_tokens       the episode's token budget (prompt + replies + observations)
+#   context          the engine's context (max_len) could not hold the next observation
+#   turn_budget      a reply ran out of max_turn_tokens before <|im_end|>
+#   prompt_too_long
+#   rollout_error    its tools, grading or the engine raised on every attempt
+#   chain_budget     context management needed another segment beyond max_segments
 
 
 @dataclasses.dataclass
@@ -220,7 +131,7 @@ class EpisodeRunner:
         chat: AgentChat,
         sandbox: Sandbox,
         workdir: str | Path,
-        config: RolloutConfig = RolloutConfig(),
+        config: RolloutConfig = RolloutConfig(),  # noqa: B008 - frozen, shared safely
     ):
         if not sandbox.isolated:
             raise RuntimeError(
@@ -483,7 +394,7 @@ class EpisodeRunner:
             elif not result.ok and result.error is not None:
                 ep.tool_errors += 1
             outputs.append(result.content)
-            live.history.append((_call_summary(call), result.content))
+            live.history.append((call_summary(call), result.content))
             if getattr(call, "name", None) == "submit":
                 ep.submitted, ep.final_message = True, call.arguments["message"]
                 ep.stop_reason = "submit"
@@ -565,7 +476,7 @@ class EpisodeRunner:
         from the system prompt, the task and `summary`, in the same workspace."""
         traj = self.engine.release(live.rid)
         del running[live.rid]
-        live.segments.append(_trajectory_fields(traj, live.turn_penalties))
+        live.segments.append(trajectory_fields(traj, live.turn_penalties))
         live.summarising = False
         task, system = live.req.task, task_system_prompt(live.req.task)
         head = segment_head(task.instruction)
@@ -598,9 +509,9 @@ class EpisodeRunner:
         )
         effort = effort_counts(self.chat, live.all_turns, live.chain_obs_tokens, ep.tool_calls)
         if live.trajectory is None:  # never generated: the prompt alone, nothing to train
-            last = _untrained(live.prompt, self.engine.cfg)
+            last = untrained_fields(live.prompt, self.engine.cfg)
         else:
-            last = _trajectory_fields(live.trajectory, live.turn_penalties)
+            last = trajectory_fields(live.trajectory, live.turn_penalties)
         if not self.config.keep_workspaces:
             shutil.rmtree(ep.workspace, ignore_errors=True)
         chain = dict(
@@ -640,7 +551,7 @@ class EpisodeRunner:
         prompt = self.chat.prompt(task_system_prompt(req.task), req.task.instruction)
         return self._sample(
             req,
-            **_untrained(prompt, self.engine.cfg),
+            **untrained_fields(prompt, self.engine.cfg),
             reward_terms={
                 "task": 0.0,
                 "style": 0.0,
@@ -669,89 +580,9 @@ class EpisodeRunner:
         )
 
 
-def error_metrics(counts: dict[str, int]) -> dict[str, float]:
-    """The trainer's record of `EpisodeRunner.error_counts()` (summed over runners): failed
-    attempts (`rollout_errors`) and episodes that failed every attempt (`rollout_gave_up`, each
-    once: its attempts are already among the errors)."""
-    errors = sum(n for k, n in counts.items() if k.startswith("errors/"))
-    return {"rollout_errors": float(errors), "rollout_gave_up": float(counts.get("gave_up", 0))}
-
-
-CORRECTNESS_KEYS = ("f2p_passed", "f2p_total", "p2p_passed", "p2p_total", "tests_error")
-
-
-def episode_info(**given) -> dict:
-    """A sample's `info`: every key, at its value for an episode that did nothing (a failed
-    sample), overridden by `given`. Graded and failed samples carry the same keys, so a reader
-    (the trainer's metrics, c2/eval/run.py) never meets a missing one."""
-    info = {
-        "episode_id": "",
-        "turns": 0,
-        "segments": 1,
-        "summaries_cut": 0,
-        "tool_calls": 0,
-        "invalid_tool_calls": 0,
-        "calls_after_submit": 0,
-        "tool_errors": 0,
-        "wall_s": 0.0,
-        "final_message": None,
-        "quality": {"changed_py_files": [], "new_findings": None},  # None: never graded
-        "correctness": dict.fromkeys(CORRECTNESS_KEYS),
-        "sandbox_limits_hit": [],
-    }
-    unknown = set(given) - set(info)
-    if unknown:
-        raise ValueError(f"episode_info: unknown keys {sorted(unknown)}; known: {sorted(info)}")
-    return info | given
-
-
 def _key(req: EpisodeRequest) -> tuple[str, int]:
     return req.group_id, req.sample_index
 
 
 def _nap() -> None:
     time.sleep(0.01)
-
-
-def _trajectory_fields(traj, turn_penalties: list[int]) -> dict:
-    """Sample fields of an engine Trajectory whose turns made `turn_penalties`."""
-    return dict(
-        tokens=np.asarray(traj.token_ids, np.int32),
-        loss_mask=np.asarray(traj.generated, np.uint8),
-        logprobs=np.asarray(traj.logprobs, np.float32),
-        versions=np.asarray(traj.versions, np.int32),
-        routing=np.asarray(traj.routed_experts),
-        turn_penalties=list(turn_penalties),
-    )
-
-
-def _call_summary(call) -> str:
-    """One line for a compaction digest: the tool and its arguments, long values clipped."""
-    if isinstance(call, InvalidToolCall):
-        return "(an invalid tool call)"
-    args = ", ".join(
-        f"{k}={(v if len(str(v)) <= 60 else str(v)[:57] + '...')!r}"
-        for k, v in call.arguments.items()
-    )
-    return f"{call.name}({args})"
-
-
-def _untrained(prompt, cfg) -> dict:
-    """Sample fields of ids never generated: the prompt alone, no loss, valid routing."""
-    tokens = np.asarray(prompt, np.int32)
-    n = len(tokens)
-    return dict(
-        tokens=tokens,
-        loss_mask=np.zeros(n, np.uint8),
-        logprobs=np.zeros(n, np.float32),
-        versions=np.full(n, -1, np.int32),
-        routing=_distinct_experts(n, cfg),
-    )
-
-
-def _distinct_experts(n: int, cfg) -> np.ndarray:
-    """[n, L_moe, k] routing for ids never fed through the model: experts 0..k-1 (valid and
-    distinct, so a batch can replay them; no loss falls on these ids)."""
-    dtype = np.uint8 if cfg.n_experts <= 256 else np.uint16
-    shape = (n, cfg.n_moe_layers, cfg.n_experts_per_token)
-    return np.broadcast_to(np.arange(cfg.n_experts_per_token, dtype=dtype), shape).copy()

@@ -155,11 +155,23 @@ class StoreWeights:
     each version (a delta in the serving dtype); a background fetcher decodes it off the
     engine's path and hands it to the engine. A (re)started run writes under
     `url/from_step_NNNNNN`, so versions a crash undid never mix with the resumed run's. A fetch
-    that keeps failing (the fetcher's retries spent) is handed to `fail`: it stops the run."""
+    that keeps failing (the fetcher's retries spent) is handed to `fail`: it stops the run.
+    Every `prune_every` versions the publisher prunes the store, keeping the `keep` newest and
+    what live subscribers' leases pin."""
 
-    def __init__(self, url: str, *, dtype: str, full_every: int, start: int):
+    def __init__(
+        self,
+        url: str,
+        *,
+        dtype: str,
+        full_every: int,
+        start: int,
+        prune_every: int = 0,
+        keep: int = 2,
+    ):
         from c2.rl import weight_sync
 
+        self.prune_every, self.keep = prune_every, keep  # prune_every 0: never prune
         self.url = f"{str(url).rstrip('/')}/from_step_{start:06d}"
         self.publisher = weight_sync.WeightPublisher(self.url, full_every=full_every, dtype=dtype)
         self.subscriber = weight_sync.WeightSubscriber(self.url)
@@ -187,6 +199,8 @@ class StoreWeights:
 
     def publish(self, params, version: int) -> None:
         self.publisher.publish(params, version)
+        if self.prune_every and version % self.prune_every == 0:  # off the subscribers' path
+            self.publisher.prune(keep=self.keep)
 
     def close(self) -> None:
         if self._fetcher is not None:

@@ -9,12 +9,8 @@ for k1). The reference routes every token itself: k1 compares the current policy
 reference *policy*, router included; replaying the sampler's experts there would measure the
 reference's weights under the current router's choices, blind to the router's own drift.
 
-Log-probs are those of each row's *sampling* distribution (temperature, top-k, top-p), with the
-engine's experts replayed (`routing=`), so they compare with the behaviour log-probs token by
-token; a target the recomputed top-k/top-p excludes is dropped and counted. The KL to the
-reference compares logits / temperature without the top-k/top-p truncation, in both placements:
-the truncation belongs to the sampler, and the reference's truncated support may miss a sampled
-token (an infinite k1).
+The log-prob forwards (each row's sampling distribution, the engine's experts replayed, plain or
+packed rows) live in c2.rl.logprobs; the input checks and placement in c2.rl.step_inputs.
 
 Micro-batch i holds rows i, i + n, i + 2n, ... (n micro-batches): each device keeps its own
 rows, and the whole-batch steps (groups, quantiles, normalisers) run before the split, so the
@@ -24,10 +20,7 @@ whole-batch steps need them), then each micro-batch's gradient runs its forward 
 same update, one forward less a step, the whole batch's activations in memory at once.
 
 Packed groups (a batch from make_batch with `pack_buckets`): the log-prob forwards run on the
-packed rows, a row per group with the prompt once (c2.rl.batching), in blockwise attention of
-`packed_attention_block` (which skips the blocks where one branch would face another), and
-`packed_index` reads each sample's values back into the [B, T] layout everything after the
-forward uses. With `single_forward` that forward is also the gradient's; with two forwards the
+packed rows; with `single_forward` that forward is also the gradient's; with two forwards the
 micro-batches' gradient forwards run on the plain rows.
 No aux-loss-free router-bias update here: the router's experts are replayed, and the bias stays
 as the RL start left it.
@@ -47,18 +40,9 @@ from jax.sharding import PartitionSpec as P
 
 from c2 import model as model_lib
 from c2 import sharding, xla_cpu
-from c2.infer.sampling import sampling_logprobs
 from c2.model.config import ModelConfig
-from c2.model.layers import rms_norm
-from c2.rl.batching import (
-    BATCH_KEYS,
-    CHAIN_KEYS,
-    PACKED_KEYS,
-    PACKED_TOKEN_KEYS,
-    ROW_KEYS,
-    TOKEN_KEYS,
-)
 from c2.rl.credit import MISMATCH_TOKENS, chain_advantages, group_counts, mismatch_keep
+from c2.rl.logprobs import OUT_OF_SUPPORT_LOGP, Forwards, target_logps
 from c2.rl.objectives import (
     REWARD_SIGNS,
     EffortWeights,
@@ -73,77 +57,34 @@ from c2.rl.objectives import (
     sequence_kl,
 )
 from c2.rl.objectives.rewards import Weight
+from c2.rl.step_inputs import (
+    COMPUTED_TERMS,
+    check_batch,
+    check_rewards,
+    is_zero,
+    place,
+    put_batch,
+)
 from c2.train.loop import opt_state_shardings
-from c2.train.losses import from_chunks, to_chunks
 
-# Stands in for log 0 (a target outside the recomputed top-k/top-p support): finite, and masked.
-OUT_OF_SUPPORT_LOGP = -1e9
-COMPUTED_TERMS = ("kl", "length_penalty")  # reward terms the learner computes itself
-
-
-def _is_zero(weight: Weight) -> bool:
-    return not callable(weight) and float(weight) == 0.0
-
-
-def _place(x, sharding: NamedSharding) -> jax.Array:
-    """A host array laid out by `sharding`. Across several processes, each places only the shards
-    of its own devices, from its own copy: every process must hold the same `x` (the RL trainer
-    shares process 0's batch, c2/rl/trainer.py)."""
-    x = np.asarray(x)
-    if sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
-
-
-def _target_logps(logits_BTV, targets_BT, *, temperature, top_k, top_p):
-    """(log-prob of each target under its row's sampling distribution, finite; whether the
-    target is in that distribution's support; its log-prob under logits / temperature alone).
-    The sampling settings are per row [B] or per position [B, T] (packed groups)."""
-    B, T, V = logits_BTV.shape
-
-    def per_token(x):
-        return jnp.broadcast_to(x if x.ndim == 2 else x[:, None], (B, T)).reshape(B * T)
-
-    # Which ids each row's sampling distribution keeps: a piecewise-constant choice, so it is
-    # found without gradient (no sort in the backward pass); the log-prob is then
-    # differentiated through one masked logsumexp, never a [B*T, V] log-softmax.
-    support_BTV = (
-        sampling_logprobs(
-            jax.lax.stop_gradient(logits_BTV).reshape(B * T, V),
-            per_token(temperature),
-            per_token(top_k),
-            per_token(top_p),
-        ).reshape(B, T, V)
-        > -jnp.inf
-    )
-    temperature_BT = per_token(jnp.where(temperature > 0, temperature, 1.0)).reshape(B, T)  # greedy
-    scaled_BTV = logits_BTV / temperature_BT[..., None]
-    take = lambda x_BTV: jnp.take_along_axis(x_BTV, targets_BT[..., None], -1)[..., 0]  # noqa: E731
-    target_BT, in_support_BT = take(scaled_BTV), take(support_BTV)
-    logp_BT = target_BT - jax.nn.logsumexp(jnp.where(support_BTV, scaled_BTV, -jnp.inf), -1)
-    kl_logp_BT = target_BT - jax.nn.logsumexp(scaled_BTV, axis=-1)
-    logp_BT = jnp.where(in_support_BT, logp_BT, OUT_OF_SUPPORT_LOGP)
-    return logp_BT, in_support_BT, kl_logp_BT
-
-
-def _check_fields(batch, shapes: dict, int_keys, context: str) -> None:
-    """A ValueError naming the first field of `batch` whose shape is not `shapes[field]`, or
-    (among `int_keys`) whose dtype is not an integer one; `context` says where shapes came from."""
-    for key, expected in shapes.items():
-        if np.shape(batch[key]) != expected:
-            raise ValueError(
-                f"batch[{key!r}] has shape {np.shape(batch[key])}; expected {expected} ({context})"
-            )
-    for key in int_keys:
-        if not np.issubdtype(np.asarray(batch[key]).dtype, np.integer):
-            raise ValueError(f"batch[{key!r}] has dtype {batch[key].dtype}; expected ints")
-
+# Public names of this module before the forwards and the input checks moved to rooms of their own.
+__all__ = [
+    "COMPUTED_TERMS",
+    "MISMATCH_TOKENS",
+    "OUT_OF_SUPPORT_LOGP",
+    "TOOL_CALL_CREDITS",
+    "RLLearner",
+    "target_logps",
+]
 
 TOOL_CALL_CREDITS = ("episode", "turn")
 
 
 class RLLearner:
-    """Builds and runs the RL step for one model, objective, optimiser and mesh.
+    """Builds and runs the RL step for one model, objective, optimiser and layout.
+
+    mesh: a `c2.sharding.Layout` (mesh and rules, e.g. `c2.train.lm.make_layout`), or a bare mesh
+      with `rules` (default c2.sharding.RULES): weights, activations and batches all follow it.
 
     reward_weights: term -> number or optax schedule of the step ("task" defaults to 1; the
       "kl" weight is `objective.kl_beta`). A nonzero "length_penalty" weight turns on
@@ -172,9 +113,9 @@ class RLLearner:
         objective: ObjectiveConfig,
         tx: optax.GradientTransformation,
         *,
-        mesh: Mesh,
+        mesh: Mesh | sharding.Layout,
         micro_batch_size: int,
-        rules=sharding.RULES,
+        rules=None,
         reward_weights: Mapping[str, Weight] | None = None,
         effort_weights: EffortWeights | None = None,
         length_penalty_k: float | None = None,
@@ -191,20 +132,25 @@ class RLLearner:
             raise TypeError(f"cfg: expected a c2.model.ModelConfig, got {type(cfg).__name__}")
         if not isinstance(objective, ObjectiveConfig):
             raise TypeError(f"objective: expected an ObjectiveConfig, got {type(objective)}")
-        self.cfg, self.objective, self.tx, self.mesh = cfg, objective, tx, mesh
+        self.cfg, self.objective, self.tx = cfg, objective, tx
+        # One value lays out weights, activations and batches alike (a bare mesh: RULES).
+        self.layout = sharding.as_layout(mesh, rules)
+        self.mesh = self.layout.mesh
         self.schedule = schedule
         # Off (an ablation): the train forwards route every token themselves, so train and
         # behaviour log-probs may come from different experts.
         self.router_replay = bool(router_replay)
-        if (
-            isinstance(logit_chunk_tokens, bool)
-            or not isinstance(logit_chunk_tokens, int)
-            or logit_chunk_tokens < 0
-        ):
-            raise ValueError(
-                f"logit_chunk_tokens={logit_chunk_tokens!r}: expected an int >= 0 (0: whole)"
-            )
+        self.forwards = Forwards(
+            cfg,
+            self.layout,
+            micro_batch_size,
+            router_replay=self.router_replay,
+            logit_chunk_tokens=logit_chunk_tokens,
+            packed_attention_block=packed_attention_block,
+        )
         self.logit_chunk_tokens = logit_chunk_tokens
+        self.micro_batch_size = micro_batch_size
+        self.batch_devices = self.forwards.batch_devices
         # One forward of the current policy per step instead of two (its activations kept for
         # the whole batch, not one micro-batch): the same update, about a forward's time less.
         self.single_forward = bool(single_forward)
@@ -221,30 +167,6 @@ class RLLearner:
                 f"tool_call_credit={tool_call_credit!r}: expected one of {TOOL_CALL_CREDITS}"
             )
         self.tool_call_credit = tool_call_credit
-        # RL trains no MTP loss: the forward skips the MTP modules (their output is unused).
-        self._fwd_cfg = cfg.replace(mtp_depth=0) if cfg.mtp_depth else cfg
-        # Packed groups' rows attend blockwise: dense attention would score every branch against
-        # every other; blocks that no query can see (another branch, the future) are skipped.
-        self._packed_cfg = self._fwd_cfg.replace(
-            attention_impl="blockwise",
-            attention_block_q=packed_attention_block,
-            attention_block_kv=packed_attention_block,
-        )
-
-        self.batch_devices = sharding.axis_size(mesh, sharding.BATCH_AXES)
-        if (
-            isinstance(micro_batch_size, bool)
-            or not isinstance(micro_batch_size, int)
-            or micro_batch_size < 1
-        ):
-            raise ValueError(f"micro_batch_size={micro_batch_size!r}: expected a positive int")
-        if micro_batch_size % self.batch_devices:
-            raise ValueError(
-                f"micro_batch_size={micro_batch_size} is not divisible by the mesh's batch axes "
-                f"{sharding.BATCH_AXES} of size {self.batch_devices} (mesh {dict(mesh.shape)}): "
-                "every micro-batch is spread over all of them"
-            )
-        self.micro_batch_size = micro_batch_size
 
         weights = dict(reward_weights or {})
         bad = sorted(set(weights) - (set(REWARD_SIGNS) - {"kl"}))
@@ -254,7 +176,7 @@ class RLLearner:
                 "weight is objective.kl_beta)"
             )
         self.reward_weights = {"task": 1.0, **weights}
-        self.use_length_penalty = not _is_zero(self.reward_weights.get("length_penalty", 0.0))
+        self.use_length_penalty = not is_zero(self.reward_weights.get("length_penalty", 0.0))
         if self.use_length_penalty:
             if effort_weights is None or length_penalty_k is None or length_penalty_q is None:
                 raise ValueError(
@@ -270,36 +192,28 @@ class RLLearner:
         self.uses_kl_reward = objective.kl_placement == "reward" and objective.kl_beta > 0
         self.needs_ref = self.uses_kl_reward or objective.kl_placement == "loss"
 
-        self.param_shardings = model_lib.param_shardings(cfg, mesh, rules)
+        self.param_shardings = model_lib.param_shardings(cfg, self.layout)
         self.abstract_params = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             model_lib.abstract_params(cfg),
             self.param_shardings,
         )
         abstract_opt = jax.eval_shape(tx.init, self.abstract_params)
-        self.opt_shardings = opt_state_shardings(abstract_opt, self.abstract_params, mesh)
+        self.opt_shardings = opt_state_shardings(abstract_opt, self.abstract_params, self.mesh)
 
-        token_spec = sharding.batch_sharding(mesh).spec  # [B, T]: batch axes, context
-        self._specs = {k: token_spec for k in TOKEN_KEYS}
-        self._specs |= {k: P(token_spec[0]) for k in ROW_KEYS}
-        self._specs["routing"] = P(None, *token_spec, None)  # [L_moe, B, T, k]
-        self._specs |= {k: token_spec for k in (*PACKED_TOKEN_KEYS, "packed_index")}
-        self._specs["packed_routing"] = self._specs["routing"]
-        self._specs |= {k: P() for k in CHAIN_KEYS}  # [B_c]: a few values, on every device
-        self._row_spec = P(token_spec[0])
-        token_sharding = NamedSharding(mesh, token_spec)
+        token_sharding = sharding.batch_sharding(self.layout)  # [B, T]: batch rule, seq rule
         options = xla_cpu.train_options()
         self._logp_jit = jax.jit(
-            self._logp_batch, out_shardings=(token_sharding,) * 3, compiler_options=options
+            self.forwards.logp_batch, out_shardings=(token_sharding,) * 3, compiler_options=options
         )
         # The reference's temperature-only log-probs, its own router choosing (module doc).
         self._ref_logp_jit = jax.jit(
-            lambda p, batch: self._logp_batch(p, batch, replay=False)[2],
+            lambda p, batch: self.forwards.logp_batch(p, batch, replay=False)[2],
             out_shardings=token_sharding,
             compiler_options=options,
         )
         # Metrics and per-sample values replicated: every process (host) can read them whole.
-        replicated = NamedSharding(mesh, P())
+        replicated = NamedSharding(self.mesh, P())
         self._update_jit = jax.jit(
             self._update,
             out_shardings=(self.param_shardings, self.opt_shardings, replicated, replicated),
@@ -374,7 +288,14 @@ class RLLearner:
             )
 
         B, _ = self.check_batch(batch)
-        terms, effort_counts = self._check_rewards(terms, effort_counts, B)
+        terms, effort_counts = check_rewards(
+            terms,
+            effort_counts,
+            B,
+            self.reward_weights,
+            self.effort_weights,
+            self.use_length_penalty,
+        )
         if self.needs_ref and ref_params is None:
             raise ValueError(
                 f"ref_params is None, but the objective needs the reference policy "
@@ -393,9 +314,9 @@ class RLLearner:
         opt_state = jax.device_put(opt_state, self.opt_shardings)
         batch = self._put_batch(batch)
         ref_kl_logp_BT = None if ref_params is None else logp(ref_params, batch, self._ref_logp_jit)
-        rows = NamedSharding(self.mesh, self._row_spec)
-        terms = {k: _place(v, rows) for k, v in terms.items()}
-        effort_counts = {k: _place(v, rows) for k, v in effort_counts.items()}
+        rows = NamedSharding(self.mesh, self.forwards.row_spec)
+        terms = {k: place(v, rows) for k, v in terms.items()}
+        effort_counts = {k: place(v, rows) for k, v in effort_counts.items()}
         step = jnp.asarray(step, jnp.int32)
         if self.single_forward:
             fn = self._update_single_forward_jit
@@ -414,224 +335,16 @@ class RLLearner:
             step,
         )
 
-    # Input checks -------------------------------------------------------------------------------
+    # Inputs -----------------------------------------------------------------------------------
 
     def check_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[int, int]:
         """(B, T) of a batch from c2.rl.batching.make_batch; a ValueError naming a bad field."""
-        missing = [k for k in BATCH_KEYS if k not in batch]
-        if missing:
-            raise ValueError(f"batch lacks {missing} (make it with c2.rl.batching.make_batch)")
-        shape = np.shape(batch["inputs"])
-        if len(shape) != 2:
-            raise ValueError(f"batch['inputs'] has shape {shape}; expected [B, T]")
-        B, T = shape
-        c = self.cfg
-        want = {k: (B, T) for k in TOKEN_KEYS} | {k: (B,) for k in ROW_KEYS}
-        C = np.shape(batch["chain_valid"])[0] if np.ndim(batch["chain_valid"]) == 1 else -1
-        want |= {k: (C,) for k in CHAIN_KEYS}
-        want["routing"] = (c.n_moe_layers, B, T, c.n_experts_per_token)
-        _check_fields(
-            batch,
-            want,
-            ("inputs", "targets", "positions", "segment_ids", "routing", "top_k", "chain"),
-            f"B={B}, T={T} from batch['inputs']",
-        )
-        mb = self.micro_batch_size
-        if B % mb:
-            raise ValueError(f"batch size B={B} is not divisible by micro_batch_size={mb}")
-        if C % self.objective.group_size:
-            raise ValueError(
-                f"chains B_c={C} (batch['chain_valid']) are not a multiple of "
-                f"group_size={self.objective.group_size}"
-            )
-        chain = np.asarray(batch["chain"])
-        if ((chain < 0) | (chain >= C)).any():
-            raise ValueError(f"batch['chain'] holds ids outside [0, B_c={C})")
-        sharding.check_divisible(self.mesh, batch=B, seq=T)
-        if any(k in batch for k in PACKED_KEYS):
-            self._check_packed(batch, B, T)
-        return B, T
-
-    def _check_packed(self, batch, B: int, T: int) -> None:
-        missing = [k for k in PACKED_KEYS if k not in batch]
-        if missing:
-            raise ValueError(f"batch lacks {missing} (make_batch's pack_buckets makes them all)")
-        shape = np.shape(batch["packed_inputs"])
-        if len(shape) != 2:
-            raise ValueError(f"batch['packed_inputs'] has shape {shape}; expected [R, W]")
-        R, W = shape
-        c = self.cfg
-        want = {k: (R, W) for k in PACKED_TOKEN_KEYS} | {"packed_index": (B, T)}
-        want["packed_routing"] = (c.n_moe_layers, R, W, c.n_experts_per_token)
-        _check_fields(
-            batch,
-            want,
-            ("packed_inputs", "packed_targets", "packed_positions", "packed_segment_ids"),
-            f"R={R}, W={W} from batch['packed_inputs'], B={B}, T={T}",
-        )
-        index = np.asarray(batch["packed_index"])
-        if not np.issubdtype(index.dtype, np.integer) or index.min() < 0 or index.max() >= R * W:
-            raise ValueError(f"batch['packed_index'] must hold ints in [0, R * W = {R * W})")
-        if R % self.batch_devices:
-            raise ValueError(
-                f"packed rows R={R} (one per group) are not divisible by the mesh's batch axes "
-                f"{sharding.BATCH_AXES} of size {self.batch_devices}: pack more groups a step"
-            )
-        sharding.check_divisible(self.mesh, seq=W)
-        self._packed_rows_per_micro(R, B)
-
-    def _check_rewards(self, terms, effort_counts, B: int):
-        terms = dict(terms)
-        for name in terms:
-            if name in COMPUTED_TERMS:
-                raise ValueError(f"terms[{name!r}]: the learner computes this term itself")
-            if name not in REWARD_SIGNS:
-                raise ValueError(f"terms[{name!r}]: not among {sorted(REWARD_SIGNS)}")
-            if name not in self.reward_weights:
-                raise ValueError(f"terms[{name!r}] has no weight in reward_weights")
-        weighted = {n for n, w in self.reward_weights.items() if not _is_zero(w)}
-        missing = sorted(weighted - set(terms))
-        if missing:
-            raise ValueError(f"terms lack {missing}, which reward_weights weights (nonzero)")
-        out_terms = {}
-        for name, value in terms.items():
-            value = np.asarray(value, np.float32)
-            if value.shape != (B,):
-                raise ValueError(f"terms[{name!r}] has shape {value.shape}; expected [B={B}]")
-            if not np.isfinite(value).all():
-                raise ValueError(f"terms[{name!r}] holds non-finite rewards")
-            out_terms[name] = value
-        out_effort = {}
-        if self.use_length_penalty:
-            for name, value in dict(effort_counts or {}).items():
-                value = np.asarray(value, np.float32)
-                if value.shape != (B,):
-                    raise ValueError(
-                        f"effort_counts[{name!r}] has shape {value.shape}; expected [B={B}]"
-                    )
-                if not (np.isfinite(value) & (value >= 0)).all():
-                    raise ValueError(f"effort_counts[{name!r}]: expected finite counts >= 0")
-                out_effort[name] = value
-            needed = [n for n, w in vars(self.effort_weights).items() if w]
-            lacking = [n for n in needed if n not in out_effort]
-            if lacking:
-                raise ValueError(f"effort_counts lack {lacking}, weighted in effort_weights")
-        return out_terms, out_effort
+        return check_batch(batch, self.cfg, self.objective.group_size, self.forwards)
 
     def _put_batch(self, batch):
-        keys = BATCH_KEYS + (PACKED_KEYS if "packed_index" in batch else ())
-        return {k: _place(batch[k], NamedSharding(self.mesh, self._specs[k])) for k in keys}
-
-    # Micro-batches ------------------------------------------------------------------------------
-
-    def _split(self, x, axis: int, mb: int | None = None):
-        """[..., B, ...] -> [n, ..., mb, ...]: micro-batch i holds rows i, i + n, ..."""
-        mb = mb or self.micro_batch_size
-        n = x.shape[axis] // mb
-        x = x.reshape(x.shape[:axis] + (mb, n) + x.shape[axis + 1 :])
-        return jnp.moveaxis(x, axis + 1, 0)
-
-    def _micro(self, arrays: dict, mb: int | None = None) -> dict:
-        out = {}
-        for k, x in arrays.items():
-            if x is None:
-                continue
-            axis = 1 if k == "routing" else 0
-            spec = self._specs["routing"] if k == "routing" else None
-            spec = spec or (self._specs["target_mask"] if x.ndim == 2 else self._row_spec)
-            out[k] = jax.lax.with_sharding_constraint(
-                self._split(x, axis, mb), NamedSharding(self.mesh, P(None, *spec))
-            )
-        return out
-
-    def _packed_rows_per_micro(self, R: int, B: int) -> int:
-        """Rows of a packed micro-batch: as many micro-batches as the samples' (B / mb) where the
-        R packed rows allow it, each a multiple of the batch axes' devices."""
-        want = max(1, -(-R * self.micro_batch_size // B))
-        for rows in range(want, R + 1):
-            if R % rows == 0 and rows % self.batch_devices == 0:
-                return rows
-        raise ValueError(
-            f"packed rows R={R} cannot be split into micro-batches spread over the mesh's batch "
-            f"axes of size {self.batch_devices}"
-        )
-
-    @staticmethod
-    def _merge(x_nBT):
-        """[n, mb, T] -> [B, T], the inverse of _split."""
-        n, mb = x_nBT.shape[:2]
-        return jnp.moveaxis(x_nBT, 0, 1).reshape((n * mb,) + x_nBT.shape[2:])
+        return put_batch(batch, self.forwards)
 
     # Traced functions ---------------------------------------------------------------------------
-
-    def _token_logp(self, params, mb: dict, cfg: ModelConfig | None = None, replay=None):
-        """Per micro-batch [mb, T]: the sampling distribution's log-prob of each target (finite),
-        whether the target is in its support, and the log-prob under logits / temperature with no
-        top-k/top-p (what KL compares: the reference's support need not hold the target).
-        `replay` (default `router_replay`): force the recorded experts, else route live."""
-        chunk = self.logit_chunk_tokens
-        replay = self.router_replay if replay is None else replay
-        logits_BTV, aux = model_lib.forward(
-            params,
-            mb["inputs"],
-            cfg or self._fwd_cfg,
-            positions=mb["positions"],
-            segment_ids=mb["segment_ids"],
-            routing=mb["routing"] if replay else None,
-            mesh=self.mesh,
-            return_hidden=bool(chunk),
-        )
-        settings = {k: mb[k] for k in ("temperature", "top_k", "top_p")}
-        if not chunk:
-            return _target_logps(logits_BTV, mb["targets"], **settings)
-        per_token = {k: v for k, v in settings.items() if v.ndim == 2}  # packed groups
-        # The model's own logits are unused, so XLA drops them: the head runs per chunk.
-        B, T = mb["targets"].shape
-        if T % chunk:
-            raise ValueError(
-                f"logit_chunk_tokens={chunk} does not divide the sequence length {T} "
-                "(config.train.loss_chunk_tokens must divide every config.rl.seq_buckets)"
-            )
-        h_BTH = rms_norm(aux["hidden"], params["final_norm"], self.cfg.rms_norm_eps)
-
-        @jax.checkpoint
-        def body(_, xs):
-            h_BCH, targets_BC, chunk_settings = xs
-            logits_BCV = model_lib.lm_head(params, h_BCH, self.cfg)
-            return None, _target_logps(logits_BCV, targets_BC, **(settings | chunk_settings))
-
-        chunked = {k: to_chunks(v, chunk) for k, v in per_token.items()}
-        xs = (to_chunks(h_BTH, chunk), to_chunks(mb["targets"], chunk), chunked)
-        _, out = jax.lax.scan(body, None, xs)
-        return tuple(from_chunks(x_nBC) for x_nBC in out)
-
-    def _logp_batch(self, params, batch, replay=None):
-        if "packed_index" in batch:
-            return self._logp_packed(params, batch, replay)
-
-        def body(_, mb):
-            return None, self._token_logp(params, mb, replay=replay)
-
-        rows = {k: v for k, v in batch.items() if k not in CHAIN_KEYS + PACKED_KEYS}
-        _, out = jax.lax.scan(body, None, self._micro(rows))
-        return tuple(self._merge(x_nBT) for x_nBT in out)
-
-    def _logp_packed(self, params, batch, replay=None):
-        """_logp_batch's values from the packed groups' forward (c2.rl.batching): the packed
-        rows run in micro-batches, and each sample's [B, T] values are read back by
-        packed_index."""
-        packed = {
-            k.removeprefix("packed_"): batch[k] for k in (*PACKED_TOKEN_KEYS, "packed_routing")
-        }
-        R, W = packed["inputs"].shape
-        rows = self._packed_rows_per_micro(R, batch["inputs"].shape[0])
-
-        def body(_, mb):
-            return None, self._token_logp(params, mb, self._packed_cfg, replay)
-
-        _, out = jax.lax.scan(body, None, self._micro(packed, rows))
-        index_BT = batch["packed_index"]
-        return tuple(self._merge(x_nRW).reshape(R * W)[index_BT] for x_nRW in out)
 
     def _rewards(self, kl_logp_BT, ref_kl_logp_BT, keep_BT, terms, effort_counts, step):
         """(total_B, combine_rewards' log, kl_B): the environment's terms plus k1 and length."""
@@ -700,7 +413,7 @@ class RLLearner:
     @property
     def _pg_objective(self) -> ObjectiveConfig:
         # rl_loss composes the policy-gradient term; a KL loss term (the "loss" placement) is
-        # added by _loss, on the temperature-only log-probs (see _token_logp).
+        # added by _loss, on the temperature-only log-probs (c2.rl.logprobs).
         return dataclasses.replace(self.objective, kl_placement="reward")
 
     @property
@@ -740,7 +453,7 @@ class RLLearner:
         )
 
         def loss_fn(p, mb):
-            logp, _, kl_logp = self._token_logp(p, mb)
+            logp, _, kl_logp = self.forwards.token_logp(p, mb)
             return self._loss(
                 logp,
                 kl_logp,
@@ -768,7 +481,7 @@ class RLLearner:
         zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
         zeros = jax.lax.with_sharding_constraint(zeros, self.param_shardings)
         init = (zeros, {k: jnp.zeros((), jnp.float32) for k in loss_keys})
-        (grads, sums), _ = jax.lax.scan(body, init, self._micro(micro_in))
+        (grads, sums), _ = jax.lax.scan(body, init, self.forwards.micro(micro_in))
         _, whole = rl_loss(
             self._pg_objective,
             logp_BT,
@@ -787,7 +500,7 @@ class RLLearner:
         is not run twice; the activations of every micro-batch live until the backward."""
 
         def logps(p):
-            logp, support, kl_logp = self._logp_batch(p, batch)
+            logp, support, kl_logp = self.forwards.logp_batch(p, batch)
             return (logp, kl_logp), support
 
         (logp_BT, kl_logp_BT), backward, support_BT = jax.vjp(logps, params, has_aux=True)

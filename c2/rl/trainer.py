@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
-import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,23 +32,25 @@ import ml_collections
 import numpy as np
 from tqdm import tqdm
 
-from c2 import distributed
+from c2 import distributed, sharding
 from c2.data.chat import AgentChat
 from c2.data.tokenizer import load_tokenizer
 from c2.envs.sandbox import Sandbox
-from c2.envs.tasks import Task, load_tasks
+from c2.envs.tasks import Task
 from c2.infer.engine import Engine
+from c2.model.config import ModelConfig
 from c2.rl import config as rl_config
 from c2.rl import evaluation, orchestrator
 from c2.rl.batching import make_batch, reward_arrays
-from c2.rl.episodes import EpisodeRequest, EpisodeRunner
+from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
+from c2.rl.prompts import Ledger, load_prompts, load_task_source  # noqa: F401 - API
 from c2.rl.records import Sample, write_rollouts
 from c2.rl.step import RLLearner
 from c2.train import lm
 from c2.train import metrics as metrics_lib
 from c2.train.checkpoint import Checkpointer
-from c2.train.config import ConfigError, sharding_rules
 from c2.train.loop import Counters, abstract_state, init_key, load_init_params, plot_run
+from c2.train.loop import Task as TrainTask
 from c2.train.optimizer import make_optimizer
 
 log = logging.getLogger(__name__)
@@ -67,149 +67,173 @@ CURVES = {
 }
 
 
-# Prompts ----------------------------------------------------------------------------------
-
-
-def load_task_source(spec: str, split: str, n: int, seed: int, workdir: Path) -> list[Task]:
-    """Tasks in ledger order, independent of how many a run needs (so a resumed run with more
-    steps keeps the order): "functions" and "notes" generate tasks 0..n-1 of (seed, split) into
-    workdir/tasks/<split> (each task is its own seeded draw: index order is the order); a
-    directory gives all its tasks in a seeded hash order."""
-    kind, _, rest = spec.partition(":")
-    if kind == "functions":
-        from c2.envs.functions import LEVELS, generate_function_tasks
-
-        level = rest or "full"
-        if level not in LEVELS:
-            raise ConfigError(f"config.rl.tasks={spec!r}: level {level!r} is not one of {LEVELS}")
-        want = {"n": n, "seed": seed, "level": level}
-        make = lambda out: generate_function_tasks(out, n, seed, split, level)  # noqa: E731
-        return _generated(workdir / "tasks" / split, want, make)
-    if kind == "notes":  # notes[:full|fixed|keyed][:files[:note_chars]]
-        from c2.envs.notes import generate_notes_tasks, parse_spec
-
-        try:
-            level, files, chars = parse_spec(spec)
-        except ValueError as e:
-            raise ConfigError(f"config.rl.tasks: {e}") from None
-        want = {"n": n, "seed": seed, "files": files, "note_chars": chars, "level": level}
-        make = lambda out: generate_notes_tasks(out, n, seed, split, files, chars, level)  # noqa: E731
-        return _generated(workdir / "tasks" / split, want, make)
-    path = Path(spec)
-    if not path.is_dir():
-        raise ConfigError(
-            f"config.rl.tasks={spec!r}: expected 'functions[:full|basic|wide]', "
-            "'notes[:full|fixed|keyed][:files[:note_chars]]' or a task directory"
-        )
-    tasks = load_tasks(path)
-    key = lambda t: hashlib.sha1(f"{seed}:{t.task_id}".encode()).hexdigest()  # noqa: E731
-    return sorted(tasks, key=key)
-
-
-def _generated(out: Path, want: dict, make) -> list[Task]:
-    """Generated tasks in `out`, made again unless done.json says they are these (`want`)."""
-    done = out / "done.json"
-    if done.is_file() and json.loads(done.read_text()) == want:
-        return load_tasks(out)
-    if out.exists():  # another size, or half-written by a crash: make it again
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    tasks = make(out)
-    done.write_text(json.dumps(want))
-    return tasks
-
-
-@dataclasses.dataclass
-class Ledger:
-    """Single-epoch prompt order: a seeded permutation; `consumed` ids are persisted."""
-
-    order: list[str]
-    consumed: list[str]
-
-    def take(self, n: int) -> list[str]:
-        done = set(self.consumed)
-        fresh = [p for p in self.order if p not in done][:n]
-        return fresh
-
-    def mark(self, ids) -> None:
-        self.consumed.extend(ids)
-
-
 # The stage --------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Stage:
+    """What set-up makes once and every step reads: the validated config's parts, the learner,
+    the prompts, and the trainer's state (params, opt_state and the ledger change each step)."""
+
+    config: ml_collections.ConfigDict
+    workdir: Path
+    cfg: ModelConfig
+    rollout: RolloutConfig
+    task: TrainTask
+    layout: sharding.Layout
+    learner: RLLearner
+    chat: AgentChat
+    sandbox: Sandbox | None  # process 0's (tools and grading); None on the others
+    steps: int
+    by_id: dict[str, Task]
+    heldout: list[Task]
+    ckpt: Checkpointer
+    start: int
+    params: dict
+    opt_state: object
+    ref_params: dict
+    ledger: Ledger
+    counters: Counters
+
+
 def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
-    """Trains (or resumes) an RL stage in `workdir`; returns the final evaluation summary."""
-    workdir = Path(workdir)
+    """Trains (or resumes) an RL stage in `workdir`; returns the final evaluation summary.
+
+    Set-up, then per optimiser step s (weights version s -> s + 1): collect complete groups,
+    batch them, update, publish the new weights to the engines, record."""
+    stage = _set_up(config, Path(workdir))
+    if not distributed.is_primary():
+        state = (stage.params, stage.opt_state, stage.ref_params)
+        return _follow(stage.learner, state, stage.ckpt, stage.start, stage.steps, config)
+    r, workdir, steps, start = config.rl, stage.workdir, stage.steps, stage.start
+    rollouts = _rollouts(stage)
+    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
+    evals = _read_evals(workdir, start)
+    first_eval = distributed.share(start == 0 and 0 not in evals)
+    bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
+    try:
+        if first_eval:
+            evals[0] = _evaluate_at(stage, 0)
+        rollouts.start()
+        clock = _Clock(time.perf_counter(), rollouts.counters(), metrics_lib.compile_seconds())
+        for step in range(start + 1, steps + 1):
+            s = step - 1  # the optimiser step, and the version of the weights it updates
+            groups, waited = rollouts.next_groups(s)  # collect
+            t0 = time.perf_counter()
+            samples = _samples(groups, s, r.max_staleness)
+            batch_of = _batcher(stage, len(samples))  # batch
+            batch = batch_of(samples)
+            terms, effort = reward_arrays(samples, len(samples))
+            if r.precompile and step == start + 1:
+                state = (stage.params, stage.opt_state, stage.ref_params)
+                _precompile(stage.learner, state, batch_of, batch, terms, effort, s, config)
+            evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
+            step_metrics, per_sample = _update(stage, batch, terms, effort, evaluating, s)
+            rollouts.publish(_for_engine(stage.params, stage.layout.mesh), step)  # publish
+            t_train = time.perf_counter() - t0
+            record = _record(stage, step, groups, samples, batch, per_sample, step_metrics)
+            record |= clock.tick(rollouts, samples, batch, waited, t_train, stage)
+            record |= rollouts.metrics()
+            if evaluating:
+                evals[step] = _evaluate_at(stage, step)
+                record |= _eval_metrics(evals[step])
+            writer.write(step, record)
+            bar.set_postfix(
+                reward=f"{record['reward/total']:.3f}", passed=f"{record['pass_rate']:.2f}"
+            )
+            bar.update(1)
+            if step % config.train.checkpoint_every == 0 or step == steps:
+                _save(stage.ckpt, step, stage.params, stage.opt_state, stage.ledger, stage.counters)
+    finally:
+        rollouts.close()
+        bar.close()
+        writer.close()
+        stage.ckpt.close()
+    summary = _final_summary(evals, steps)
+    (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
+    plot_run(workdir, config.name, CURVES)
+    return summary
+
+
+# Set-up -----------------------------------------------------------------------------------
+
+
+def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
+    """The validated config, the task and learner on the stage's layout, the prompts (process 0
+    holds them), and the state: restored from the newest checkpoint, else fresh."""
     mesh_sizes, cfg, objective, rollout = rl_config.validate_rl(config, jax.device_count())
-    r = config.rl
     task = lm.build_task(rl_config._without_rl(config))  # mesh, shardings, init and import
-    mesh = task.mesh
+    layout = lm.make_layout(config, mesh_sizes)  # config.mesh.rules: weights and activations
     # Several processes (c2/distributed.py): all train; process 0 alone runs the rollouts and
     # evaluations, holds the prompts and writes; the others follow it (_follow).
     primary = distributed.is_primary()
     if primary:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.json").write_text(config.to_json_best_effort(indent=2))
-    tokenizer = load_tokenizer(config.data.tokenizer)
-    chat = AgentChat(tokenizer)
-    steps = config.train.steps
-    n_train = steps * r.prompts_per_step
-    train_tasks, heldout, problem = [], [], None
-    if primary:
-        try:
-            train_tasks = load_task_source(r.tasks, "train", n_train, r.task_seed, workdir)
-            heldout = load_task_source(
-                r.heldout_tasks, "eval", r.eval.tasks, r.task_seed + 1, workdir
-            )
-        except ConfigError as e:
-            problem = str(e)
-        heldout = heldout[: r.eval.tasks]
-        if problem is None and len(train_tasks) < n_train:
-            steps = len(train_tasks) // r.prompts_per_step
-            log.warning("single epoch: %d prompts give %d steps", len(train_tasks), steps)
-            if steps < 1:
-                problem = (
-                    f"config.rl.tasks: {len(train_tasks)} prompts; need at least "
-                    f"prompts_per_step={r.prompts_per_step}"
-                )
-    steps, problem = distributed.share((steps, problem))
-    if problem is not None:
-        raise ConfigError(problem)
-    by_id = {t.task_id: t for t in train_tasks}
+    chat = AgentChat(load_tokenizer(config.data.tokenizer))
+    steps, train_tasks, heldout = load_prompts(config, workdir)
     order = [t.task_id for t in train_tasks]
-
     tx, schedule = make_optimizer(config.optimizer, steps, task.abstract_params)
-    abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
     ckpt = Checkpointer(
         workdir / "checkpoints",
         keep=config.train.keep_checkpoints,
         async_save=config.train.async_checkpoints,
     )
+    start, params, opt_state, ref_params, ledger, counters = _restore(
+        config, task, tx, ckpt, order, workdir
+    )
+    if primary:
+        _set_aside_lost_steps(workdir / "rollouts", start)
+    return Stage(
+        config=config,
+        workdir=workdir,
+        cfg=cfg,
+        rollout=rollout,
+        task=task,
+        layout=layout,
+        learner=_learner(config, cfg, objective, tx, schedule, layout),
+        chat=chat,
+        sandbox=Sandbox() if primary else None,
+        steps=steps,
+        by_id={t.task_id: t for t in train_tasks},
+        heldout=heldout,
+        ckpt=ckpt,
+        start=start,
+        params=params,
+        opt_state=opt_state,
+        ref_params=ref_params,
+        ledger=ledger,
+        counters=counters,
+    )
+
+
+def _restore(config, task, tx, ckpt: Checkpointer, order: list[str], workdir: Path):
+    """(start, params, opt_state, ref_params, ledger, counters): the newest checkpoint's, else
+    a fresh start from the reference (config.init_from, or a seeded init)."""
+    abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
     if config.init_from:
         ref_params = load_init_params(config.init_from, task)
     else:
         ref_params = task.init_params(init_key(config.train.seed))
     restored = ckpt.restore_latest(abstract_params, abstract_opt)
-    if restored is not None:
-        start, params, opt_state, meta = restored
-        ledger = Ledger(order, list(meta["consumed"]))
-        counters = Counters(**meta["counters"])
-        log.info(
-            "resumed %s at step %d (%d prompts consumed)", workdir, start, len(ledger.consumed)
-        )
-    else:
-        start, counters = 0, Counters()
+    if restored is None:
         params = jax.tree.map(jnp.copy, ref_params)
         opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-        ledger = Ledger(order, [])
-    learner = RLLearner(
+        return 0, params, opt_state, ref_params, Ledger(order, []), Counters()
+    start, params, opt_state, meta = restored
+    ledger = Ledger(order, list(meta["consumed"]))
+    log.info("resumed %s at step %d (%d prompts consumed)", workdir, start, len(ledger.consumed))
+    return start, params, opt_state, ref_params, ledger, Counters(**meta["counters"])
+
+
+def _learner(config, cfg, objective, tx, schedule, layout: sharding.Layout) -> RLLearner:
+    r = config.rl
+    return RLLearner(
         cfg,
         objective,
         tx,
-        mesh=mesh,
+        mesh=layout,
         micro_batch_size=r.micro_batch_size,
-        rules=sharding_rules(config),
         reward_weights=rl_config.reward_weights(config),
         effort_weights=rl_config.effort_weights(config),
         length_penalty_k=float(r.rewards.length_k),
@@ -222,158 +246,179 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         mismatch_tokens=r.mismatch_tokens,
         tool_call_credit=r.rewards.tool_call_credit,
     )
-    rollouts_dir = workdir / "rollouts"
-    if primary:
-        _set_aside_lost_steps(rollouts_dir, start)
-    engine_args = dict(
+
+
+def _engine_args(stage: Stage) -> dict:
+    r, rollout = stage.config.rl, stage.rollout
+    return dict(
         max_slots=r.rollout.engine_slots,
         max_len=max(r.seq_buckets),
         temperature=rollout.temperature,
         top_p=rollout.top_p,
         top_k=rollout.top_k,
-        stop_tokens=(chat.im_end,),
+        stop_tokens=(stage.chat.im_end,),
         recompute_kv=r.recompute_kv,
         run_ahead=r.run_ahead,
     )
-    if not primary:
-        return _follow(learner, (params, opt_state, ref_params), ckpt, start, steps, config)
-    G, P = r.group_size, r.prompts_per_step
-    # A packed row per group, padded up to a multiple of the batch axes' devices.
-    pack_rows = -(-P // learner.batch_devices) * learner.batch_devices
-    scheduler = orchestrator.Scheduler(P, G, r.max_staleness, trained=len(ledger.consumed))
-    prompts = ledger.take(len(order))
-    request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)
+
+
+def _rollouts(stage: Stage):
+    """The rollouts (in this process, or the Ray fleet) serving the state's weights, drawing the
+    ledger's prompts in order; not started."""
+    config, start, steps = stage.config, stage.start, stage.steps
+    r, P = config.rl, config.rl.prompts_per_step
+    scheduler = orchestrator.Scheduler(
+        P, r.group_size, r.max_staleness, trained=len(stage.ledger.consumed)
+    )
+    prompts = stage.ledger.take(len(stage.ledger.order))
+    by_id = stage.by_id
+    request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)  # noqa: E731
     # Ray workers fetch their weights from the store: on one machine it may default to DIR's.
-    store = r.weight_store or (str(workdir / "weight_store") if r.rollout_backend == "ray" else "")
+    store = r.weight_store or (
+        str(stage.workdir / "weight_store") if r.rollout_backend == "ray" else ""
+    )
     if store:
         weights = orchestrator.StoreWeights(
-            store, dtype=r.weight_store_dtype, full_every=r.weight_store_full_every, start=start
+            store,
+            dtype=r.weight_store_dtype,
+            full_every=r.weight_store_full_every,
+            start=start,
+            prune_every=r.weight_store_prune_every,
+            keep=r.weight_store_keep,
         )
     else:
         weights = orchestrator.InProcessWeights()
-    served = weights.initial(_for_engine(params, mesh), start)
-    sandbox = Sandbox()
+    served = weights.initial(_for_engine(stage.params, stage.layout.mesh), start)
+    engine_args = _engine_args(stage)
     if r.rollout_backend == "ray":
-        rollouts = _fleet(
-            config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps
-        )
-    else:
-        engine = Engine(served, cfg, seed=config.train.seed + start, version=start, **engine_args)
-        runner = EpisodeRunner(engine, chat, sandbox, workdir / "episodes", rollout)
-        rollouts = orchestrator.AsyncRollouts(
-            runner,
-            scheduler,
-            prompts,
-            request,
-            version=start,
-            limit=(steps - start) * P,
-            weights=weights,
-        )
+        return _fleet(
+            config, stage.cfg, stage.rollout, engine_args, weights, scheduler, prompts, request,
+            start, steps,
+        )  # fmt: skip
+    engine = Engine(served, stage.cfg, seed=config.train.seed + start, version=start, **engine_args)
+    runner = EpisodeRunner(
+        engine, stage.chat, stage.sandbox, stage.workdir / "episodes", stage.rollout
+    )
+    return orchestrator.AsyncRollouts(
+        runner,
+        scheduler,
+        prompts,
+        request,
+        version=start,
+        limit=(steps - start) * P,
+        weights=weights,
+    )
 
-    def evaluate(step: int) -> dict:
-        """Held-out episodes with the weights of `step`, on an engine of their own (training
-        rollouts go on meanwhile)."""
-        frozen = Engine(
-            _for_engine(params, mesh), cfg, seed=config.train.seed, version=step, **engine_args
-        )
-        runner = EpisodeRunner(frozen, chat, sandbox, workdir / "episodes_eval", rollout)
-        return _evaluate(runner, heldout, r.eval.samples, workdir, step)
 
-    writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-    evals = _read_evals(workdir, start)
-    first_eval = distributed.share(start == 0 and 0 not in evals)
-    bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
-    try:
-        if first_eval:
-            evals[0] = evaluate(0)
-        rollouts.start()
-        t_prev, seen = time.perf_counter(), rollouts.counters()
-        compiled_prev = metrics_lib.compile_seconds()
-        for step in range(start + 1, steps + 1):
-            s = step - 1  # the optimiser step, and the version of the weights it updates
-            groups, waited = rollouts.next_groups(s)
-            t0 = time.perf_counter()
-            samples = [x for g in groups for x in sorted(g.samples, key=lambda x: x.sample_index)]
-            _check_staleness(samples, s, r.max_staleness)
-            rows = [seg for x in samples for seg in x.chain]  # a row per segment
-            last_rows = np.cumsum([len(x.chain) for x in samples]) - 1
-            batch_of = functools.partial(
-                make_batch,
-                batch_size=len(samples),
-                seq_buckets=tuple(r.seq_buckets),
-                cfg=cfg,
-                pad_id=tokenizer.pad_id,
-                group_size=G,
-                pack_buckets=tuple(r.pack_buckets) if rl_config.packs_groups(config) else None,
-                pack_rows=pack_rows,
-            )
-            batch = batch_of(samples)
-            terms, effort = reward_arrays(samples, len(samples))
-            if r.precompile and step == start + 1:
-                state = (params, opt_state, ref_params)
-                _precompile(learner, state, batch_of, batch, terms, effort, s, config)
-            evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
-            # The other processes train on this batch too (a no-op with one process).
-            distributed.share(dict(batch=batch, terms=terms, effort=effort, evaluate=evaluating))
-            params, opt_state, step_metrics, per_sample = learner.update(
-                params, opt_state, ref_params, batch, terms, effort, s
-            )
-            step_metrics = {k: float(v) for k, v in jax.device_get(step_metrics).items()}
-            per_sample = jax.device_get(per_sample)
-            per_chain = {k: np.asarray(v)[last_rows] for k, v in per_sample.items()}
-            rollouts.publish(_for_engine(params, mesh), step)
-            t_train = time.perf_counter() - t0
-            ids = [g.prompt_id for g in groups]
-            ledger.mark(ids)
-            _score(rows, per_sample, step)
-            write_rollouts(rollouts_dir, f"step_{step:06d}", samples)
-            T = batch["inputs"].shape[1]
-            now, counts = time.perf_counter(), rollouts.counters()
-            wall, compiled = now - t_prev, metrics_lib.compile_seconds()
-            counters.tokens += len(rows) * T
-            counters.flops += len(rows) * T * task.flops_per_token
-            counters.device_seconds += wall * mesh.devices.size
-            record = (
-                step_metrics
-                | _episode_metrics(samples)
-                | orchestrator.staleness_metrics(groups, s, per_chain)
-                | {
-                    "generated_tokens_per_s": (counts["tokens"] - seen["tokens"]) / wall,
-                    "rollout_samples_per_s": (counts["samples"] - seen["samples"]) / wall,
-                    "samples_per_s": len(samples) / wall,
-                    "trainer_idle_frac": waited / wall,
-                    "train_s": t_train,
-                    "train_tokens_per_s": len(rows) * T / max(t_train, 1e-9),
-                    "step_time_s": wall,
-                    # making programs (a batch shape seen for the first time), on any thread
-                    "compile_s": compiled - compiled_prev,
-                    "cum_tokens": counters.tokens,
-                    "cum_flops": counters.flops,
-                    "cum_device_seconds": counters.device_seconds,
-                    "prompts_consumed": len(ledger.consumed),
-                }
-                | rollouts.metrics()
-            )
-            t_prev, seen, compiled_prev = now, counts, compiled
-            if evaluating:
-                evals[step] = evaluate(step)
-                record |= _eval_metrics(evals[step])
-            writer.write(step, record)
-            bar.set_postfix(
-                reward=f"{record['reward/total']:.3f}", passed=f"{record['pass_rate']:.2f}"
-            )
-            bar.update(1)
-            if step % config.train.checkpoint_every == 0 or step == steps:
-                _save(ckpt, step, params, opt_state, ledger, counters)
-    finally:
-        rollouts.close()
-        bar.close()
-        writer.close()
-        ckpt.close()
-    summary = _final_summary(evals, steps)
-    (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
-    plot_run(workdir, config.name, CURVES)
-    return summary
+# Each step --------------------------------------------------------------------------------
+
+
+def _samples(groups, step: int, max_staleness: int) -> list[Sample]:
+    """The groups' samples in order, none staler than the bound."""
+    samples = [x for g in groups for x in sorted(g.samples, key=lambda x: x.sample_index)]
+    _check_staleness(samples, step, max_staleness)
+    return samples
+
+
+def _batcher(stage: Stage, batch_size: int):
+    """make_batch of `batch_size` rows with the stage's buckets: `batch_of(samples)` (and, for
+    precompiling, an all-padding batch of a bucket's shape: `batch_of([], min_seq=,
+    min_pack=)`)."""
+    config, devices = stage.config, stage.learner.batch_devices
+    r = config.rl
+    return functools.partial(
+        make_batch,
+        batch_size=batch_size,
+        seq_buckets=tuple(r.seq_buckets),
+        cfg=stage.cfg,
+        pad_id=stage.chat.tokenizer.pad_id,
+        group_size=r.group_size,
+        pack_buckets=tuple(r.pack_buckets) if rl_config.packs_groups(config) else None,
+        # A packed row per group, padded up to a multiple of the batch axes' devices.
+        pack_rows=-(-r.prompts_per_step // devices) * devices,
+    )
+
+
+def _update(stage: Stage, batch, terms, effort, evaluating: bool, step: int):
+    """The optimiser step on `batch` (the state advances in `stage`): (metrics as floats,
+    per-row values on the host)."""
+    # The other processes train on this batch too (a no-op with one process).
+    distributed.share(dict(batch=batch, terms=terms, effort=effort, evaluate=evaluating))
+    stage.params, stage.opt_state, metrics, per_sample = stage.learner.update(
+        stage.params, stage.opt_state, stage.ref_params, batch, terms, effort, step
+    )
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    return metrics, jax.device_get(per_sample)
+
+
+def _record(stage: Stage, step: int, groups, samples, batch, per_sample, step_metrics) -> dict:
+    """The step's prompts marked trained, its samples scored and written; its record's metrics
+    of the update, the episodes and their staleness."""
+    rows = [seg for x in samples for seg in x.chain]  # a row per segment
+    last_rows = np.cumsum([len(x.chain) for x in samples]) - 1
+    per_chain = {k: np.asarray(v)[last_rows] for k, v in per_sample.items()}
+    stage.ledger.mark([g.prompt_id for g in groups])
+    _score(rows, per_sample, step)
+    write_rollouts(stage.workdir / "rollouts", f"step_{step:06d}", samples)
+    return (
+        step_metrics
+        | _episode_metrics(samples)
+        | orchestrator.staleness_metrics(groups, step - 1, per_chain)
+    )
+
+
+@dataclasses.dataclass
+class _Clock:
+    """Where the last step ended: wall time, the rollouts' counters, compile seconds so far."""
+
+    t: float
+    seen: dict
+    compiled: float
+
+    def tick(self, rollouts, samples, batch, waited: float, t_train: float, stage: Stage) -> dict:
+        """This step's throughput and the run's cumulative counts (advanced in `stage`)."""
+        rows = sum(len(x.chain) for x in samples)
+        T = batch["inputs"].shape[1]
+        now, counts = time.perf_counter(), rollouts.counters()
+        wall, compiled = now - self.t, metrics_lib.compile_seconds()
+        c = stage.counters
+        c.tokens += rows * T
+        c.flops += rows * T * stage.task.flops_per_token
+        c.device_seconds += wall * stage.layout.mesh.devices.size
+        out = {
+            "generated_tokens_per_s": (counts["tokens"] - self.seen["tokens"]) / wall,
+            "rollout_samples_per_s": (counts["samples"] - self.seen["samples"]) / wall,
+            "samples_per_s": len(samples) / wall,
+            "trainer_idle_frac": waited / wall,
+            "train_s": t_train,
+            "train_tokens_per_s": rows * T / max(t_train, 1e-9),
+            "step_time_s": wall,
+            # making programs (a batch shape seen for the first time), on any thread
+            "compile_s": compiled - self.compiled,
+            "cum_tokens": c.tokens,
+            "cum_flops": c.flops,
+            "cum_device_seconds": c.device_seconds,
+            "prompts_consumed": len(stage.ledger.consumed),
+        }
+        self.t, self.seen, self.compiled = now, counts, compiled
+        return out
+
+
+def _evaluate_at(stage: Stage, step: int) -> dict:
+    """Held-out episodes with the weights of `step`, on an engine of their own (training
+    rollouts go on meanwhile)."""
+    config = stage.config
+    frozen = Engine(
+        _for_engine(stage.params, stage.layout.mesh),
+        stage.cfg,
+        seed=config.train.seed,
+        version=step,
+        **_engine_args(stage),
+    )
+    runner = EpisodeRunner(
+        frozen, stage.chat, stage.sandbox, stage.workdir / "episodes_eval", stage.rollout
+    )
+    return _evaluate(runner, stage.heldout, config.rl.eval.samples, stage.workdir, step)
 
 
 def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps):

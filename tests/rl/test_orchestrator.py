@@ -191,6 +191,29 @@ def test_a_weight_fetch_that_keeps_failing_stops_the_trainer_naming_the_version(
     assert "OSError: connection reset by peer" in str(error) and runner.engine.version == 0
 
 
+def test_the_trainers_store_prunes_every_n_versions_keeping_what_subscribers_hold(tmp_path):
+    """StoreWeights(prune_every=3, keep=2): the trainer's publications prune at versions 3 and 6,
+    never a version its own subscriber (a live lease) still holds, and a fresh subscriber still
+    reaches the newest version bit for bit."""
+    from c2.rl.weight_sync import WeightSubscriber
+
+    weights = StoreWeights(tmp_path, dtype="float32", full_every=2, start=0, prune_every=3, keep=2)
+    rng = np.random.default_rng(0)
+    versions = [{"w": rng.standard_normal((4, 4)).astype(np.float32)} for _ in range(8)]
+    weights.initial(versions[0], 0)
+    stored = lambda: weights.publisher.store.versions()  # noqa: E731
+    for v in (1, 2):
+        weights.publish(versions[v], v)
+    assert stored() == [0, 1, 2]  # nothing pruned before version 3
+    held, _ = weights.subscriber.fetch(2)  # the trainer's subscriber holds 2 (its lease)
+    for v in range(3, 8):
+        weights.publish(versions[v], v)
+    assert 2 in stored() and stored()[-1] == 7 and 0 not in stored()  # pruned at 3 and 6
+    got, params = WeightSubscriber(weights.url).fetch()
+    assert got == 7 and np.array_equal(np.asarray(params["w"]), versions[7]["w"])
+    weights.close()
+
+
 def test_quota_continues_after_a_resume():
     sched = Scheduler(2, 4, 1, trained=10)  # 5 steps done: version 5
     assert sched.quota(5) == (5 + 1 + 1) * 2 - 10 == 4

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from c2 import model, sharding
 from c2.infer import Engine
@@ -23,7 +24,8 @@ from c2.rl.batching import make_batch, reward_arrays
 from c2.rl.objectives import EffortWeights, ObjectiveConfig
 from c2.rl.records import Sample
 from c2.rl.step import OUT_OF_SUPPORT_LOGP, RLLearner
-from c2.train.config import load_config, stage_defaults
+from c2.train import lm
+from c2.train.config import ConfigError, load_config, stage_defaults
 from c2.train.metrics import BACKEND_COMPILE_EVENT
 from c2.train.optimizer import make_optimizer, param_labels
 
@@ -422,6 +424,63 @@ def test_sharded_equals_single_device(params, reference, random_batch, single_fo
     assert all(jax.tree.leaves(jax.tree.map(same, new, learner8.param_shardings)))
     assert all(jax.tree.leaves(jax.tree.map(same, opt_state, learner8.opt_shardings)))
     assert new["moe_layers"]["mlp"]["w_gate"].sharding.spec[1] == "expert"
+
+
+# Batch over data x fsdp x tensor, heads whole: rules that move the tensor axis to the rows.
+BATCH_ON_TENSOR = {
+    **sharding.RULES,
+    "batch": ("data", "fsdp", "tensor"),
+    "heads": None,
+    "kv_heads": None,
+}
+
+
+def test_the_layouts_batch_rule_moves_the_rl_batch_and_activations(
+    params, reference, random_batch, monkeypatch
+):
+    """A Layout whose `batch` rule is overridden (as `config.mesh.rules` makes it, through
+    lm.make_layout) places the RL batch, spreads micro-batches and constrains the forwards'
+    activations by that rule, not the default BATCH_AXES; the update equals one device's."""
+    seen, original = [], jax.lax.with_sharding_constraint
+
+    def spy(x, s):  # an array's (shape, spec); trees (the gradient's zeros) are the weights'
+        if hasattr(x, "shape"):
+            seen.append((tuple(x.shape), s.spec))
+        return original(x, s)
+
+    monkeypatch.setattr(jax.lax, "with_sharding_constraint", spy)
+    config = stage_defaults()
+    for k in ("batch", "heads", "kv_heads"):
+        config.mesh.rules[k] = BATCH_ON_TENSOR[k]
+    layout = lm.make_layout(config, dict(data=2, fsdp=2, tensor=2))
+    assert dict(layout.rules) == BATCH_ON_TENSOR
+    rows = ("data", "fsdp", "tensor")
+    with pytest.raises(ValueError, match=r"batch axes \('data', 'fsdp', 'tensor'\) of size 8"):
+        make_learner(layout, 4)
+    learner8 = make_learner(layout, 8)
+    assert learner8.mesh is layout.mesh and learner8.batch_devices == 8
+    placed = learner8._put_batch(random_batch[0])
+    assert placed["inputs"].sharding.spec == P(rows, "context")
+    assert placed["valid"].sharding.spec == P(rows)
+    new, _, metrics, per_sample = run_update(learner8, params, *random_batch)
+    # Every token activation of the forwards (the micro-batches, q, the hidden states) and the
+    # micro-batches' [n, mb, ...] inputs: the rows over the overridden batch axes.
+    activations = [spec for shape, spec in seen if shape[:1] == (B,) and len(shape) >= 3]
+    assert activations and all(spec[0] == rows for spec in activations), activations
+    micro = [spec for shape, spec in seen if shape[:2] == (1, B)]
+    assert micro and all(spec[1] == rows for spec in micro), micro
+    assert not any(sharding.BATCH_AXES in spec for _, spec in seen), seen
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-5)
+    # The RL config's batch check follows the same rule.
+    cfg = load_config(EXPERIMENTS / "rl_tiny.py")
+    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 2, 1, 2
+    cfg.mesh.rules.batch, cfg.mesh.rules.heads, cfg.mesh.rules.kv_heads = rows, None, None
+    cfg.rl.micro_batch_size = 2
+    with pytest.raises(ConfigError, match=r"batch axes \('data', 'fsdp', 'tensor'\) of total"):
+        rl_config.validate_rl(cfg, 4, load_files=False)
 
 
 def grouped_samples(n_groups, seed=0):
