@@ -435,7 +435,10 @@ def _inherited():
         objects += [frame.f_code, *frame.f_locals.values()]
         frame = frame.f_back
     for o in objects:
-        code = getattr(o, "__code__", o)
+        try:  # a library object's __getattr__ may raise anything
+            code = getattr(o, "__code__", o)
+        except Exception:
+            continue
         if type(code).__name__ == "code" and code.co_name.startswith("test"):
             c = code.co_consts
             for i in range(len(c) - 1):
