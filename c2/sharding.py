@@ -65,6 +65,33 @@ def make_mesh(
     return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
+def parse_mesh(spec: str) -> dict[str, int]:
+    """Mesh axis sizes from a spec such as "expert=4,tensor=2" (axes not named are 1; "" is one
+    device), as `config.rl.rollout_mesh` gives them."""
+    sizes = dict.fromkeys(MESH_AXES, 1)
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if not eq or name not in MESH_AXES or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(
+                f"mesh spec {spec!r}: {part!r} is not axis=size with an axis of {MESH_AXES} "
+                "and a positive size (e.g. 'expert=4,tensor=2')"
+            )
+        sizes[name] = int(value)
+    return sizes
+
+
+def mesh_from_spec(spec: str, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """The mesh a spec names (`parse_mesh`), on the first devices it needs (default: this
+    process's local devices)."""
+    sizes = parse_mesh(spec)
+    devices = list(jax.local_devices() if devices is None else devices)
+    n = math.prod(sizes.values())
+    if n > len(devices):
+        raise ValueError(f"mesh spec {spec!r} needs {n} devices but {len(devices)} are available")
+    return make_mesh(**sizes, devices=devices[:n])
+
+
 def rule_axes(target: str | Sequence[str] | None) -> tuple[str, ...]:
     """The mesh axes a rule maps to, as a tuple (() for None: replicated)."""
     if target is None:

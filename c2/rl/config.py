@@ -117,6 +117,9 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.ray_worker_cpus = 1.0  # Ray resources each worker actor asks for
     r.ray_worker_gpus = 0.0
     r.ray_max_restarts = -1  # replacements for dead workers in a run; -1: 2 x the workers
+    # The mesh of each rollout engine (local, and each Ray worker, which reserves that many
+    # devices): "expert=4,tensor=2" lays experts over 4 devices and heads over 2; "" is one device.
+    r.rollout_mesh = ""
     r.rollout = ml_collections.ConfigDict()
     r.rollout.engine_slots = 16
     r.rollout.max_turns = 4
@@ -322,6 +325,10 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.ray_address={r.ray_address!r}: set config.rl.weight_store to a URL "
             "every worker can reach (s3://, gs://, or file:// on a shared filesystem)"
         )
+    try:
+        sharding.parse_mesh(r.rollout_mesh)
+    except ValueError as e:
+        raise ConfigError(f"config.rl.rollout_mesh: {e}") from None
     if r.mismatch_tokens not in MISMATCH_TOKENS:
         raise ConfigError(
             f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"

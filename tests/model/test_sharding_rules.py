@@ -179,3 +179,17 @@ def test_the_stage_takes_its_rules_to_the_activations(constraints):
     data["loss_mask"] = jax.ShapeDtypeStruct((8, 32), jnp.float32, sharding=task.batch_sharding)
     jax.eval_shape(task.loss_fn, params, data, jax.random.key(0))
     assert constraints and all(spec[0] == batch for _, spec in constraints), constraints
+
+
+def test_a_mesh_spec_names_axis_sizes_and_bad_specs_say_what_is_wrong():
+    assert sharding.parse_mesh("") == dict.fromkeys(sharding.MESH_AXES, 1)
+    sizes = sharding.parse_mesh(" expert=4, tensor=2 ")
+    assert sizes == {"data": 1, "fsdp": 1, "expert": 4, "context": 1, "tensor": 2}
+    mesh = sharding.mesh_from_spec("expert=2,tensor=2")
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 2, "context": 1, "tensor": 2}
+    assert list(mesh.devices.flat) == jax.local_devices()[:4]
+    for bad in ("experts=2", "tensor=0", "tensor", "tensor=-1"):
+        with pytest.raises(ValueError, match=f"'{bad}' is not axis=size"):
+            sharding.parse_mesh(bad)
+    with pytest.raises(ValueError, match="needs 16 devices but 8"):
+        sharding.mesh_from_spec("expert=4,tensor=4")

@@ -111,6 +111,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
         ("rl.rollout.temperature", "hot", r"config\.rl\.rollout\.temperature: expected float"),
         ("train.stop_at", 10, r"config\.train\.stop_at=10: the RL stage runs to"),
         ("rl.mismatch_tokens", "old", r"config\.rl\.mismatch_tokens='old': expected one of"),
+        ("rl.rollout_mesh", "experts=4", r"config\.rl\.rollout_mesh: mesh spec 'experts=4'"),
         (
             "rl.rewards.tool_call_credit",
             "token",
