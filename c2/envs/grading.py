@@ -40,6 +40,7 @@ two graders (its Harbor test.sh grading is unaffected).
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import functools
@@ -180,7 +181,9 @@ def _runner_files() -> list[tuple[Path, str]]:
     """grading_runner.py and its bytecode where the sandbox's Python looks for it (an import
     checks it against the source's mtime and size; another Python version compiles anew)."""
     pyc = importlib.util.cache_from_source("/grading/grading_runner.py")
-    host = Path(tempfile.mkdtemp(prefix="c2-runner-")) / os.path.basename(pyc)
+    scratch = tempfile.mkdtemp(prefix="c2-runner-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # one per process, not one a run
+    host = Path(scratch) / os.path.basename(pyc)
     py_compile.compile(str(_RUNNER), cfile=str(host), doraise=True)
     host.chmod(0o644)
     return [(_RUNNER, "/grading/grading_runner.py"), (host, pyc)]

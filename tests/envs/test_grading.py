@@ -3,7 +3,10 @@
 import dataclasses
 import os
 import shutil
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +164,15 @@ def test_a_sandbox_that_cannot_pass_descriptors_is_refused_naming_it():
     docker.isolation = types.SimpleNamespace(describe=lambda: "d c")
     with pytest.raises(SandboxError, match=r"grading over d c needs a sandbox that passes"):
         ResultsChannel(docker)
+
+
+def test_the_runner_bytecode_a_process_compiles_is_removed_when_it_exits():
+    """Each grading process compiles the runner once into a scratch directory: gone at exit (a
+    long run's workers must not leave one directory each behind in /tmp)."""
+    code = "from c2.envs import grading; print(grading._runner_files()[1][0])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    pyc = Path(out.stdout.strip())
+    assert pyc.name.startswith("grading_runner.") and pyc.parent.name.startswith("c2-runner-")
+    assert not pyc.parent.exists()
