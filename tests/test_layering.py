@@ -47,7 +47,6 @@ ALLOWED = {
 }
 # Backward arrows still to remove (module -> modules it imports), so that none is added.
 KNOWN = {
-    "c2/train/lm.py": {"c2.bench.peak"},  # the measured matmul peak, MFU's denominator
     "c2/data/sft.py": {"c2.envs"},  # the "functions" / "notes" specs: envs' oracle episodes
 }
 

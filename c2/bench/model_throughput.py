@@ -27,7 +27,7 @@ import numpy as np
 
 from c2 import model, xla_cpu
 from c2.bench import fair
-from c2.bench.peak import host_matmul_peak_flops
+from c2.train.peak import host_matmul_peak_flops
 
 
 def _loss(cfg):

@@ -222,7 +222,7 @@ def _chunked_losses(params, batch, cfg: model_lib.ModelConfig, tc, mesh):
 @functools.cache
 def measured_peak_flops(dtype: str) -> float:
     """The machine's measured matmul peak per device (once per process), for MFU."""
-    from c2.bench.peak import matmul_peak_flops
+    from c2.train.peak import matmul_peak_flops
 
     return float(matmul_peak_flops(dtype))
 
