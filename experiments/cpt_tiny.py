@@ -8,10 +8,6 @@ Expected: held-out bits per byte on the standard library falls from 8.4 (untrain
 byte vocabulary) to about 3.1 (3.65 at step 100, 3.30 at 200); MTP depth-1 acceptance (argmax
 agreement with the main head) settles near 0.7. The same stage at real scale is
 experiments/cpt_kimi_k2.py.
-
-The tiny CPU configs compute in float32: XLA:CPU runs bf16 matmuls through conversions and is
-slower in bf16 than in f32 here; the default (and the real-scale configs) is bf16 compute with
-fp32 master weights.
 """
 
 from c2.train.config import stage_defaults
@@ -22,7 +18,7 @@ def get_config(arg=None):
     c = stage_defaults()
     c.name = "cpt_tiny"
     c.model.preset = "tiny_kimi_k2"
-    c.model.dtype = "float32"
+    c.model.dtype = "float32"  # XLA:CPU runs bf16 matmuls through conversions, slower than f32
     c.data.kind = "pretrain"
     c.data.corpus = "stdlib"
     c.data.tokenizer = "byte"

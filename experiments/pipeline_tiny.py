@@ -1,27 +1,21 @@
-"""THE MAIN JOB (the README's `make run`): the whole recipe, tiny, on CPU: continued pretraining,
-long-context extension, SFT, agent SFT, then RL on agent episodes in the sandbox.
+"""THE MAIN JOB (the README's `make run`): the whole recipe, tiny, on CPU: continued pretraining
+(cpt_tiny.py), the YaRN extension to 8x the length (long_context_tiny.py), targeted SFT
+(sft_tiny.py), agent SFT (sft_agent_tiny.py) and RL in the sandbox (rl_tiny.py, 36 steps here),
+each from the previous stage's checkpoint; then held-out bits per byte at 128 and 1024 tokens,
+SFT response bits per byte and MTP acceptance, in DIR/report.md (with PNG plots), DIR/eval.json
+and DIR/metrics.jsonl. Rerunning on the same DIR resumes where it stopped.
 
-Stage 1 on the Python standard library (cpt_tiny.py), the YaRN extension to 8x the length
-(long_context_tiny.py), targeted SFT (sft_tiny.py), agent SFT on oracle tool-calling episodes
-(sft_agent_tiny.py), the RL stage (rl_tiny.py, 36 steps here), each from the previous stage's
-checkpoint; then the evaluation (held-out bits per byte at 128 and 1024 tokens, SFT response
-bits per byte, MTP acceptance) and DIR/report.md with PNG plots, DIR/eval.json and
-DIR/metrics.jsonl. Rerunning on the same DIR resumes where it stopped.
-
-Command:
     python -m c2.main --config=experiments/pipeline_tiny.py --workdir=runs/main
-Runtime: about 35 minutes on the 2-core machine (stage 1 ~7, extension ~2.5, SFT ~2.5,
-evaluation ~1, agent SFT ~6, RL ~14), estimated from the stages' times, not timed as one job.
-Expected: held-out bits per byte 8.4 untrained -> 3.2 after stage 1; at 1024 tokens 4.2 before
-the extension -> 3.2 after it; SFT response bits per byte 2.9 -> 2.8; MTP acceptance ~0.7. Agent
-SFT learns the tool-call format but, from this stage-1 model, not to read the instruction, so RL
-here shows the stage's curves, not a gain (experiments/rl_tiny.py starts from a policy that reads).
+    (`:quick`: a smoke run, a smaller model and a few steps a stage, RL included)
 
-`config.train.steps` sets stage 1's steps (the extension gets 1/12, SFT 1/5);
-`config.train.checkpoint_every` applies to every stage but RL (every 6 steps);
-`config.init_from` is stage 1's start ("" fresh, a workdir, or "hf:DIR"). The arg `quick`
-(`--config=experiments/pipeline_tiny.py:quick`) is a smoke run: a smaller model, a few steps a
-stage, RL included.
+Runtime: ~35 minutes on the 2-core machine (stage 1 ~7, extension ~2.5, SFT ~2.5, evaluation ~1,
+agent SFT ~6, RL ~14), summed from the stages' times, not timed as one job.
+Expected: held-out bits per byte 8.4 untrained -> 3.2 after stage 1 (BENCHMARKS.md, "The main
+job"); at 1024 tokens 4.2 before the extension -> 3.2 after it; SFT responses 2.9 -> 2.8; MTP
+acceptance ~0.7. This job's agent SFT does not teach reading the instruction, so its RL shows the
+stage's curves, not a gain (experiments/rl_tiny.py starts from a policy that reads).
+`config.train.steps` sets stage 1's steps (the extension gets 1/12, SFT 1/5), `config.init_from`
+stage 1's start ("" fresh, a workdir, or "hf:DIR").
 """
 
 from pathlib import Path

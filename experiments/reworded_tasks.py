@@ -1,22 +1,21 @@
-"""The wide level's agent SFT with its instructions reworded: a reader robust to the wording.
+"""The wide level's agent SFT with its instructions reworded: data for a reader robust to the
+wording (stage 5 of experiments/reader_chain_tiny.sh, which made experiments/policies/reader_tiny).
 
-Stage 5 of the reading chain (experiments/reader_chain_tiny.sh) on the six train templates'
-sentence frames alone gave a policy that plays two of the three held-out frames and garbles the
-third: "Put f(n) into f.py; it gives back n * 94." (27% of the RL stage's held-out samples) made
-its tool call malformed (BENCHMARKS.md, "RL stage"), and RL on the train templates
-cannot lift that. Here the train split's wide tasks are told in frames drawn from a small
-grammar (an opening, a way to say what the function gives, a prefix and an ending, in any
-combination), built from words none of the held-out frames uses: the held-out templates stay
-text never trained on, and the policy learns that the operation and constant, not the frame
-around them, decide its reply (as experiments/system_turns.py randomised the system turn for
-stage 3b). Stage 5 on both made the shipped policy, experiments/policies/reader_tiny.
+The train split's wide tasks told in frames drawn from a small grammar (an opening, a way to say
+what the function gives, a prefix and an ending, in any combination) built from words none of the
+held-out frames uses: the held-out templates stay text never trained on, and the policy learns
+that the operation and constant, not the frame around them, decide its reply. Each line is the
+oracle episode (c2.envs.functions.task_conversation) of train-split wide task i with its
+instruction replaced; the task's operation, constant, function, file and tests are unchanged.
 
     python experiments/reworded_tasks.py OUT.jsonl [N]
 
-writes N (default 20,000) {"messages", "path"} lines (an SFT corpus: `--config.data.corpus=
-functions:wide:20000+OUT.jsonl` keeps the train templates too), the same file on every run. Each
-is the oracle episode (c2.envs.functions.task_conversation) of train-split wide task i with its
-instruction replaced; the task's operation, constant, function, file and tests are unchanged.
+writes N (default 20,000) {"messages", "path"} lines, the same file on every run: an SFT corpus
+(`--config.data.corpus=functions:wide:20000+OUT.jsonl` keeps the train templates too).
+Runtime: seconds (8 s on the 2-core machine under load).
+Expected: trained on the six train frames alone, the policy garbled its tool call on one held-out
+phrasing ("Put f(n) into f.py; it gives back n * 94.": 27% of held-out samples); with these
+frames too its held-out pass@1 at the RL start is 0.383, not 0.225 (BENCHMARKS.md, "RL stage").
 """
 
 import dataclasses

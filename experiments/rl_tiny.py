@@ -2,23 +2,22 @@
 reads its task, on generated function tasks played as tool-calling episodes in the sandbox.
 
 Tasks: the wide level of c2/envs/functions.py ("[db] Write f(n) in f.py: return n * 47.",
-constants 1-99), which only reading the instruction solves. Each step trains 8 finished prompts
-x 8 samples (single epoch), none with a token more than 2 versions older than the weights it
-updates, with the recipe's objective (group-mean advantages, constant-normalised token sum, k1
-KL to the start in the reward, router replay, the p99 mismatch filter on fresh tokens, truncated
-IS) and one Adam step. Held-out pass@1 and best-of-4 on 100 tasks of templates never trained on,
-at the start and the end (DIR/eval.jsonl).
+constants 1-99), which only reading the instruction solves. Each step trains 8 prompts x 8
+samples, each prompt once, no token more than 2 versions older than the weights it updates, with
+the recipe's objective (group-mean advantages, constant-normalised sum, k1 in the reward, router
+replay, the p99 mismatch filter on fresh tokens, truncated IS) and one Adam step. Held-out pass@1
+and best-of-4 on 100 tasks of templates never trained on, at the start and end (DIR/eval.jsonl).
 
-Command (from the shipped start policy experiments/policies/reader_tiny, which
-`bash experiments/reader_chain_tiny.sh DIR` makes again in ~2 hours):
     python -m c2.main --config=experiments/rl_tiny.py --workdir=runs/rl_tiny
-(`--config.init_from=DIR|hf:DIR` for another start; one trained with YaRN needs its
-`--config.model.yarn.*` too, which the stage checks.)
-Runtime: about 18 minutes on the 2-core machine with nothing else running (120 steps at ~7 s,
+
+It starts from the shipped experiments/policies/reader_tiny (`bash experiments/reader_chain_tiny.sh
+DIR` remakes it in ~2 h); another start: `--config.init_from=DIR|hf:DIR` with its
+`--config.model.yarn.*`, which the stage checks.
+Runtime: ~18 minutes on the 2-core machine with nothing else running (120 steps at ~7 s,
 generation overlapping the updates, then two held-out evaluations of 400 episodes).
 Expected: held-out pass@1 0.383 -> ~0.50 (+0.12, the 95% interval above zero), best-of-4 not
-falling; the change moves by ~4 points with the asynchronous order of the episodes, and other
-`--config.rl.task_seed`s give +0.08 to +0.20 (BENCHMARKS.md, "RL stage").
+falling; a run moves by ~4 points with its episodes' order; other
+`--config.rl.task_seed`s give +0.08 to +0.20, four seeds' mean +0.139 (BENCHMARKS.md, "RL stage").
 """
 
 from c2.rl.config import rl_stage_defaults

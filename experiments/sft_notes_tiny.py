@@ -1,22 +1,23 @@
-"""Agent SFT for long episodes, tiny: oracle chains of the notes tasks (c2/envs/notes.py).
+"""Agent SFT for long episodes, tiny: oracle chains of the notes tasks (c2/envs/notes.py), one
+conversation per segment, the loss on the replies and summaries.
 
 Data: `data.corpus = "notes:fixed:2:80"`: the reference episodes of 600 notes tasks (read two
-notes of ~80 bytes, write total(n) = n + their values and submit in one reply), each cut once
-after one or two reads where the agent is asked for a summary
-(c2.rl.episodes.SUMMARY_INSTRUCTION) and writes it ("Found a = 17. Still to read:
-notes/b.txt. Then write total.py."), then goes on in a new sequence from the task and its
-summary; every other task also uncut, every third also cut twice (a summary written in a segment
-that began from one). One conversation per segment (up to 846 tokens: an uncut chain loses the
-end of its last reply at seq_len 800, the RL context), the loss on the replies and summaries.
-Held-out batches: the eval split's filler text.
+notes of ~80 bytes, write total(n) = n + their values and submit in one reply), each cut after one
+or two reads where the agent is asked for a summary (c2.envs.chain_prompts) and writes it ("Found
+a = 17. Still to read: notes/b.txt. Then write total.py."), then goes on from the task and its
+summary; every other task also uncut, every third also cut twice. Segments run to 846 tokens
+(seq_len 800 is the RL context); held-out batches: the eval split's filler text.
 
-From scratch this teaches the episode's form and not the values: a tiny model has to learn to
-copy first. experiments/notes_chain_tiny.sh runs it twice from the shipped reading policy, on
-6,000 tasks' chains cut where experiments/rl_notes_tiny.py cuts (`python -m c2.envs.notes
---chains --cuts 1,2`), and gives the policy that RL stage starts from (BENCHMARKS.md, issue 16).
-
-Command:
-    python -m c2.main --config=experiments/sft_notes_tiny.py --workdir=runs/sft_notes_tiny
+From scratch it teaches the episode's form, not the values (a tiny model must learn to copy
+first). experiments/notes_chain_tiny.sh runs it as its stages 2 and 3, on 6,000 tasks' chains cut
+where experiments/rl_notes_tiny.py cuts, from the shipped reader taught tool recall (stage 1):
+    python -m c2.main --config=experiments/sft_notes_tiny.py --workdir=DIR/2_notes_mix
+        --config.init_from=DIR/1_tool_recall
+        --config.data.corpus=DIR/chains.jsonl+DIR/tool_recall.jsonl       (one command)
+Runtime: ~19 minutes on the 2-core machine (800 steps at ~1.4 s).
+Expected: as that stage 2 (2026-12-06), held-out value digits (teacher-forced) 0.63 / 0.78 / 0.82
+at steps 200 / 400 / 800; after stage 3 (the chains alone, 400 steps) 0.905 (BENCHMARKS.md,
+issue 16).
 """
 
 from c2.train.config import stage_defaults

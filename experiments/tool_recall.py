@@ -1,19 +1,21 @@
-"""Recall by key from a tool response: the notes tasks' copy, in their own form.
+"""Recall by key from a tool response: the notes tasks' copy, in their own form (stage 1 of
+experiments/notes_chain_tiny.sh).
 
 The reading policy (experiments/policies/reader_tiny) recalls `key = value` lines from its user
-turn behind the agent prompt, but SFT on the notes tasks' chains does not put that copy to use:
-a note's value arrives in a tool response (`    2\ta = 28`, after the reply's `<tool_call>`), and
-the copy the tiny model learns is tied to the form it was taught in (BENCHMARKS.md, issue 16).
-Here stage 3's recall examples (`recall:N`, seeded per example) are played as agent
-conversations: the agent prompt, a user turn asking for some keys from a notes file, the reply
-reading it (`read_file`), the tool response holding the `key = value` lines numbered as
-`read_file` shows them, among filler lines of the notes tasks' train split, and the reply
+turn behind the agent prompt, but the copy a tiny model learns is tied to the form it was taught
+in, and a note's value arrives in a tool response (`    2\ta = 28`, after the reply's
+`<tool_call>`). Here stage 3's recall examples (`recall:N`, seeded per example) are played as
+agent conversations: the agent prompt, a user turn asking for some keys from a notes file, the
+reply reading it (`read_file`), the tool response holding the `key = value` lines numbered as
+`read_file` shows them among filler lines of the notes tasks' train split, and the reply
 recalling the asked lines in the notes summaries' form ("Found k = v, ...").
 
     python experiments/tool_recall.py OUT.jsonl [N]
 
 writes N (default 20,000) {"messages", "path"} lines (an SFT corpus: `--config.data.corpus=
-OUT.jsonl`), the same file on every run.
+OUT.jsonl`), the same file on every run. Runtime: seconds (3.5 s on the 2-core machine under load).
+Expected: without this stage, notes SFT reaches value digits 0.10-0.21; with it the chain ends at
+0.905 (BENCHMARKS.md, issue 16).
 """
 
 import json
