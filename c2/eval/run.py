@@ -94,6 +94,7 @@ class RunOptions:
     top_p: float = 1.0
     top_k: int = 0
     engine_slots: int = 16
+    engine_mesh: str = ""  # the engine's mesh, e.g. "expert=4,tensor=2" ("": one device)
     tool_workers: int = 4
     run_timeout_s: float = 0.0  # > 0: every command's limit; 0: each task's (command_timeout_s)
     seed: int = 0
@@ -110,10 +111,16 @@ class RunOptions:
             raise ValueError(f"--run_timeout_s={self.run_timeout_s}: expected >= 0 (0: the task's)")
         if self.max_attempts < 1:
             raise ValueError(f"--max_attempts={self.max_attempts}: expected >= 1")
+        from c2.sharding import parse_mesh
+
+        try:
+            parse_mesh(self.engine_mesh)
+        except ValueError as e:
+            raise ValueError(f"--engine_mesh: {e}") from None
 
 
 # How fast episodes are played, not what is played: free to change on resume.
-THROUGHPUT_FIELDS = ("engine_slots", "tool_workers", "workers", "max_attempts")
+THROUGHPUT_FIELDS = ("engine_slots", "engine_mesh", "tool_workers", "workers", "max_attempts")
 # What a scripted agent's episodes depend on (sampling and token budgets are a model's).
 SCRIPTED_FIELDS = ("run_timeout_s",)
 
@@ -295,6 +302,7 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
     from c2.data.chat import AgentChat
     from c2.infer.engine import Engine
     from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
+    from c2.sharding import mesh_from_spec
 
     chat = AgentChat(model.tokenizer)
     if opts.max_tokens > model.cfg.max_seq_len:
@@ -312,6 +320,7 @@ def _model_episodes(tasks_and_samples, model, work: Path, opts: RunOptions, done
         top_k=opts.top_k,
         seed=seed,
         stop_tokens=(chat.im_end,),
+        mesh=mesh_from_spec(opts.engine_mesh) if opts.engine_mesh else None,
     )
     rollout = RolloutConfig(
         max_turns=opts.max_turns,

@@ -13,6 +13,8 @@ bookkeeping overlaps the device's work; each `step` still records exactly one ca
 request (`submit(..., multi_turn=True)`) keeps its slot and KV cache when a turn stops: append
 tool output as tokens with `extend`, generation resumes from the cache; `release` ends it and
 returns its `Trajectory`. Nothing is ever re-tokenised: the engine only sees token ids.
+`Engine(..., mesh=)` runs all of it on a mesh (weights, slots and KV cache laid out by the
+model's sharding rules: `engine_layout.py`).
 """
 
 from __future__ import annotations
@@ -24,17 +26,19 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
-from c2.infer import steps
+from c2 import sharding
+from c2.infer import engine_layout, steps
+from c2.infer.engine_layout import weight_shardings  # noqa: F401 - public here too
 from c2.infer.records import Completion, SequenceRecord, Trajectory
 from c2.infer.sampling import SamplingParams
 from c2.model.config import ModelConfig
-from c2.model.transformer import restack, unstack
+from c2.model.transformer import restack
 
 MIN_BUCKET = 16
 
 
-_unstack = jax.jit(unstack)  # one compiled call per weight update, not one slice per leaf
 _restack = jax.jit(restack)
 
 
@@ -79,6 +83,10 @@ class Engine:
     one call later (the call already running has the old weights; tokens carry the version that
     produced them). Speculative decoding, stop strings (the host truncates the row) and
     `recompute_kv` updates (the host rebuilds the cache) read every call back before the next.
+    mesh: a `c2.sharding` mesh or `Layout` to decode on (default: one device): weights,
+    slots and KV cache laid out by its rules (`engine_layout.py`); max_slots must be a
+    multiple of the devices the slots are split over. Weights given here or to
+    `update_weights` may arrive in any placement (host, one device, another mesh).
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class Engine:
         recompute_kv: bool = False,
         run_ahead: bool = True,
         version: int = 0,
+        mesh: Mesh | sharding.Layout | None = None,
     ):
         c = config
         if not isinstance(c, ModelConfig):
@@ -109,6 +118,9 @@ class Engine:
         self.cfg = c
         self.sampling = SamplingParams(temperature, top_p, top_k).validate(c.vocab_size)
         max_slots = _positive_int(max_slots, "max_slots")
+        self.layout = sharding.as_layout(mesh)
+        if self.layout is not None:
+            engine_layout.check_layout(c, self.layout, max_slots)
         max_len = c.max_seq_len if max_len is None else _positive_int(max_len, "max_len")
         if not 2 <= max_len <= c.max_seq_len:
             raise ValueError(f"max_len={max_len}: expected in [2, cfg.max_seq_len={c.max_seq_len}]")
@@ -143,12 +155,14 @@ class Engine:
             speculative=bool(speculative),
             num_draft=num_draft,
             steps_per_call=_positive_int(steps_per_call, "steps_per_call"),
+            layout=self.layout,
         )
         self.recompute_kv = bool(recompute_kv)
         self.run_ahead = bool(run_ahead)
         self._param_tree = jax.tree.structure(params)
         self._param_leaves = [(a.shape, a.dtype) for a in jax.tree.leaves(params)]
-        self._params = _unstack(params)  # the decoding layout: per-layer buffers
+        # The decoding layout: per-layer buffers (on a mesh, each in its shards).
+        self._params = engine_layout.place_weights(params, c, self.layout)
         self.version = int(version)
         self._base_key = jax.random.key(int(seed))
         self._state = None  # built lazily: nothing is allocated or compiled before a step
@@ -356,7 +370,7 @@ class Engine:
             k: np.asarray(v, self.state[k].dtype if k != "pos" else np.int32)
             for k, v in fields.items()
         }
-        self._state = steps.set_rows(self.state, np.int32(slot), vals)
+        self._state = steps.set_rows(self.state, np.int32(slot), vals, layout=self.layout)
         self._epoch[slot] += 1
         if "phase" in fields:
             self._phase[slot] = fields["phase"]
@@ -397,7 +411,9 @@ class Engine:
         """One forward pass feeding the next chunk (at most `size` tokens) of items[j] for j in
         js; the row count is padded to a power of two (padding rows write nothing)."""
         n_slots = self.spec.n_slots
-        rows = min(1 << (len(js) - 1).bit_length(), n_slots)
+        rows = 1 << (len(js) - 1).bit_length()
+        shards = engine_layout.batch_shards(self.layout)  # each device feeds as many rows
+        rows = min(-(-rows // shards) * shards, n_slots)
         slots = np.full(rows, n_slots, np.int32)
         chunk = np.zeros((rows, size), np.int32)
         lengths = np.ones(rows, np.int32)
@@ -441,7 +457,8 @@ class Engine:
         t0 = time.perf_counter()
         params, self.version = update
         # Timed until the arrays exist (dispatch alone returns at once): the swap's real pause.
-        self._params = jax.block_until_ready(_unstack(params))
+        placed = engine_layout.place_weights(params, self.cfg, self.layout)
+        self._params = jax.block_until_ready(placed)
         self._stats["weight_updates"] += 1
         if self.recompute_kv:  # every in-flight cache and its recorded routing, new weights
             rebuild = [seq for seq in self._slots if seq is not None and seq.fed]
@@ -664,11 +681,13 @@ def generate(
     top_k: int = 0,
     speculative: bool = False,
     seed: int = 0,
+    mesh: Mesh | sharding.Layout | None = None,
     **engine_options,
 ) -> list[Completion]:
     """One `Completion` per prompt (in order). Inputs are checked before anything compiles;
     `engine_options` go to `Engine` (max_slots, max_len, stop_tokens, ...). max_len defaults to
-    the longest prompt plus max_new_tokens (within cfg.max_seq_len)."""
+    the longest prompt plus max_new_tokens (within cfg.max_seq_len); max_slots to the prompts
+    (at most 8), rounded up to a multiple of the devices `mesh` splits slots over."""
     if isinstance(prompts, (str, bytes)) or not len(prompts):
         raise ValueError("prompts: expected a non-empty list of token-id sequences")
     arrays = [_token_array(p, config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)]
@@ -680,7 +699,8 @@ def generate(
             f"context holds cfg.max_seq_len={config.max_seq_len}: no room for a generated token"
         )
     engine_options.setdefault("max_len", min(config.max_seq_len, longest + max_new))
-    engine_options.setdefault("max_slots", min(len(arrays), 8))
+    shards = engine_layout.batch_shards(sharding.as_layout(mesh))
+    engine_options.setdefault("max_slots", -(-min(len(arrays), 8) // shards) * shards)
     engine = Engine(
         params,
         config,
@@ -689,6 +709,7 @@ def generate(
         top_k=top_k,
         speculative=speculative,
         seed=seed,
+        mesh=mesh,
         **engine_options,
     )
     return engine.generate(arrays, max_new)

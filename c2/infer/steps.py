@@ -4,6 +4,8 @@ one state.
 
 Params and cache come in the model's decoding layout (c2.model.unstack: a list of per-layer
 trees per layer group), so a step reads each layer's weights and updates its cache in place.
+On a mesh (`StepSpec.layout`) the forwards lay activations out by its rules and every step's
+state is pinned to `engine_layout.state_shardings` (slots split, a GQA cache's kv heads too).
 
 State (a dict of [B] arrays, B = slots, plus the caches):
   cache      the model's KV cache, unstacked; cache["pos"] [B] counts each row's fed tokens.
@@ -33,7 +35,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from c2 import sharding
 from c2.infer import sampling
+from c2.infer.engine_layout import constrain_state, state_shardings
 from c2.model.attention import init_layer_cache
 from c2.model.config import ModelConfig
 from c2.model.layers import rms_norm
@@ -53,6 +57,7 @@ class StepSpec:
     speculative: bool
     num_draft: int
     steps_per_call: int
+    layout: sharding.Layout | None = None  # the engine's mesh and rules (engine_layout.py)
 
 
 def attend_len(spec: StepSpec, filled: int, new: int | None = None) -> int | None:
@@ -80,6 +85,15 @@ def routing_dtype(cfg: ModelConfig):
 
 
 def init_state(spec: StepSpec) -> dict:
+    """The empty state; on a mesh, each array created in its shards (`state_shardings`)."""
+    if spec.layout is None:
+        return _init_state(spec)
+    shapes = jax.eval_shape(functools.partial(_init_state, spec))
+    out = state_shardings(shapes, spec.layout)
+    return jax.jit(functools.partial(_init_state, spec), out_shardings=out)()
+
+
+def _init_state(spec: StepSpec) -> dict:
     c, B = spec.cfg, spec.n_slots
     state = {
         "cache": unstack(init_cache(c, B, spec.cache_len)),
@@ -121,21 +135,23 @@ def _routing(aux, cfg: ModelConfig, B: int, T: int):
     return jnp.zeros((0, B, T, cfg.n_experts_per_token), routing_dtype(cfg))
 
 
-@functools.partial(jax.jit, donate_argnames=("state",))
-def set_rows(state: dict, slot, fields: dict) -> dict:
-    """state[name][slot] = value for each field ("pos" is the cache's)."""
+@functools.partial(jax.jit, static_argnames=("layout",), donate_argnames=("state",))
+def set_rows(state: dict, slot, fields: dict, layout: sharding.Layout | None = None) -> dict:
+    """state[name][slot] = value for each field ("pos" is the cache's); `layout`: the
+    engine's mesh, kept."""
     state = dict(state)
     for name, value in fields.items():
         if name == "pos":
             state["cache"] = dict(state["cache"], pos=state["cache"]["pos"].at[slot].set(value))
         else:
             state[name] = state[name].at[slot].set(value)
-    return state
+    return constrain_state(state, layout)
 
 
-def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig, kv_len=None):
+def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, spec: StepSpec, kv_len=None):
     """One MTP pass writing the deferred entries at slots pos-n .. (K+1 static; the ones past
     n-1 are scratch, overwritten later). Returns (module hidden at slot pos-1 [B,1,H], cache)."""
+    c = spec.cfg
     K1 = tok_BK.shape[1]
     start = jnp.maximum(pos_B - n_B, 0)
     positions = start[:, None] + jnp.arange(K1)[None]
@@ -148,6 +164,7 @@ def _catch_up(params, mtp_cache, h_BKH, tok_BK, n_B, pos_B, c: ModelConfig, kv_l
         positions=positions,
         cache=dict(mtp_cache, pos=start),
         kv_len=kv_len,
+        mesh=spec.layout,
     )
     rows = jnp.arange(tok_BK.shape[0])
     return g[rows, jnp.maximum(n_B - 1, 0)][:, None], mtp_cache
@@ -176,7 +193,7 @@ def _feed_mtp(params, state, slots_R, s_R, tokens_RC, hidden_RCH, last_R, spec, 
     n = row("mtp_n")
     tok = row("mtp_tok").at[rows, jnp.maximum(n - 1, 0)].set(tokens_RC[:, 0])
     cache = jax.tree.map(lambda a: _rows_prefix(a, slots_R, kv_len), state["mtp_cache"])
-    _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s_R, c)
+    _, cache = _catch_up(params, cache, row("mtp_h"), tok, n, s_R, spec)
     cache.pop("pos")
     pad_h = jnp.zeros((R, 1, c.d_model), hidden_RCH.dtype)
     h_in = jnp.concatenate([hidden_RCH[:, : C - 1], pad_h], 1)  # token j+1 sees hidden j
@@ -189,6 +206,7 @@ def _feed_mtp(params, state, slots_R, s_R, tokens_RC, hidden_RCH, last_R, spec, 
         c,
         positions=s_R[:, None] + jnp.arange(C)[None],
         cache=dict(cache, pos=s_R),
+        mesh=spec.layout,
     )
     cache.pop("pos")
     state = dict(state)
@@ -223,7 +241,7 @@ def feed(params, state: dict, base_key, slots_R, tokens_RC, lengths_R, spec: Ste
         return _put_rows_prefix(a, r, slots_R)
 
     rows = {"pos": s, **{g: jax.tree.map(take_rows, cache[g]) for g in groups}}
-    logits, aux = forward(params, tokens_RC, c, cache=rows, return_hidden=True)
+    logits, aux = forward(params, tokens_RC, c, cache=rows, return_hidden=True, mesh=spec.layout)
     new_rows = aux["cache"]
     state = dict(state)
     state["cache"] = {
@@ -240,6 +258,7 @@ def feed(params, state: dict, base_key, slots_R, tokens_RC, lengths_R, spec: Ste
     )
     if spec.speculative:
         state = _feed_mtp(params, state, slots_R, s, tokens_RC, aux["hidden"], last, spec, kv_len)
+    state = constrain_state(state, spec.layout)
     return state, token, sampling.take(logp, token), _routing(aux, c, R, C)
 
 
@@ -250,7 +269,9 @@ def _plain_step(params, state: dict, base_key, spec: StepSpec, kv_len):
     c = spec.cfg
     phase, tok = state["phase"], state["tok"]
     gen, fed = phase == 1, phase > 0
-    logits, aux = forward(params, tok[:, None], c, cache=state["cache"], kv_len=kv_len)
+    logits, aux = forward(
+        params, tok[:, None], c, cache=state["cache"], kv_len=kv_len, mesh=spec.layout
+    )
     cache = aux["cache"]
     cache["pos"] = state["cache"]["pos"] + fed
     logp = sampling.sampling_logprobs(
@@ -310,7 +331,7 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec, kv_len):
     pending = jnp.maximum(state["mtp_n"] - 1, 0)
     mtp_tok = state["mtp_tok"].at[jnp.arange(B), pending].set(tok)
     g, mtp = _catch_up(
-        params, state["mtp_cache"], state["mtp_h"], mtp_tok, state["mtp_n"], n_B, c, kv_len
+        params, state["mtp_cache"], state["mtp_h"], mtp_tok, state["mtp_n"], n_B, spec, kv_len
     )
     drafts, draft_logps = [], []
     for j in range(K):
@@ -318,7 +339,15 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec, kv_len):
             mtp["pos"] = n_B + j - 1
             prev = drafts[-1][:, None]
             g, mtp = mtp_module(
-                params, 0, g, prev, c, positions=mtp["pos"][:, None], cache=mtp, kv_len=kv_len
+                params,
+                0,
+                g,
+                prev,
+                c,
+                positions=mtp["pos"][:, None],
+                cache=mtp,
+                kv_len=kv_len,
+                mesh=spec.layout,
             )
         lp = sampling.sampling_logprobs(_draft_logits(params, g, c), temp, top_k, top_p)
         d = sampling.sample(keys[:, j], lp, temp)
@@ -329,7 +358,13 @@ def _spec_step(params, state: dict, base_key, spec: StepSpec, kv_len):
 
     verify_BT = jnp.concatenate([tok[:, None], drafts_BK], 1)
     logits, aux = forward(
-        params, verify_BT, c, cache=state["cache"], return_hidden=True, kv_len=kv_len
+        params,
+        verify_BT,
+        c,
+        cache=state["cache"],
+        return_hidden=True,
+        kv_len=kv_len,
+        mesh=spec.layout,
     )
     V = logits.shape[-1]
     rep = lambda x: jnp.repeat(x, K + 1)  # noqa: E731
@@ -402,4 +437,5 @@ def decode(params, state: dict, base_key, spec: StepSpec, kv_len: int | None = N
     for _ in range(spec.steps_per_call):
         state, out = step(params, state, base_key, spec, kv_len)
         outs.append(out)
+    state = constrain_state(state, spec.layout)
     return state, jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
