@@ -5,8 +5,10 @@ from the cluster (Slurm, Open MPI, TPU). Every process then sees every device in
 so the mesh of c2/sharding.py spans all of them; each process feeds and reads only its own
 devices. Process 0 is the primary: it writes records and metrics and, in RL, runs the rollouts;
 the others compute with it. The helpers here are the few places where processes exchange Python
-data: `share` (process 0's object to everyone), `gather` (a sharded pytree as numpy on every
-process), `process_rows` (which rows of a global batch this process's devices hold).
+data: `share` (process 0's object to everyone), `allgather` (every process's object to
+everyone), `gather` (a sharded pytree as numpy on every process: metrics, never the weights,
+whose shards each process publishes itself, c2/rl/weight_sync.py), `process_rows` (which rows
+of a global batch this process's devices hold).
 """
 
 from __future__ import annotations
@@ -105,9 +107,24 @@ def share(obj=None):
     return obj if is_primary() else pickle.loads(buffer.tobytes())
 
 
+def allgather(obj) -> list:
+    """Every process's `obj` (small Python data: never weights), in process order; a collective
+    every process calls at the same point. One process: [obj]."""
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int64)))
+    buffer = np.zeros(int(sizes.max()), np.uint8)
+    buffer[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(buffer))
+    return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(sizes.reshape(-1))]
+
+
 def gather(tree):
     """Every leaf whole, as numpy, on every process (a collective where leaves span processes);
-    fully addressable leaves are fetched locally."""
+    fully addressable leaves are fetched locally. Not for weights (see above)."""
     leaves = jax.tree.leaves(tree)
     if all(getattr(x, "is_fully_addressable", True) for x in leaves):
         return jax.device_get(tree)

@@ -3,10 +3,11 @@ jax.distributed with gloo collectives) against one process on 8 devices, for a f
 few RL steps. The per-step losses agree, and only process 0 writes records and metrics.
 
 The meshes put parameters across the two processes (fsdp 4 x expert 2: fsdp pairs straddle the
-process boundary), so the update's reductions and the weights gathered for the RL engine cross
-processes. Tolerance: the gradient sums over devices run in another order through gloo than
-inside one process, so a loss may differ in its last float32 bit (relative 1e-7 seen); rtol 1e-5
-allows that and nothing more (a different batch or a missed update moves the loss by > 1e-3).
+process boundary), so the update's reductions cross processes, and each process publishes its
+own shards of the RL engine's weights through the weight store. Tolerance: the gradient sums
+over devices run in another order through gloo than inside one process, so a loss may differ in
+its last float32 bit (relative 1e-7 seen); rtol 1e-5 allows that and nothing more (a different
+batch or a missed update moves the loss by > 1e-3).
 Wall time: the two runs of each stage go at once (3 processes); 580 s measured with the 2 cores
 shared with other jobs (load average ~17), compilation dominating.
 """
@@ -63,6 +64,8 @@ def get_config(arg=None):
     c.train.steps, c.train.checkpoint_every = 2, 1
     r = c.rl
     r.max_staleness = 0  # synchronous: the rollouts of step s use exactly the weights of s
+    # two processes publish through DIR/weight_store: in float32, the one process's engine's bits
+    r.weight_store_dtype = "float32"
     r.group_size, r.prompts_per_step, r.micro_batch_size = 4, 2, 8
     r.seq_buckets = (384,)
     r.rollout.max_tokens, r.rollout.max_turn_tokens, r.rollout.engine_slots = 384, 16, 8

@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
 
 from c2.rl.episodes import EpisodeRequest, EpisodeRunner, error_metrics
@@ -150,14 +151,21 @@ class InProcessWeights:
         pass
 
 
+def store_url(url: str, start: int) -> str:
+    """Where a run (re)started at step `start` publishes: versions a crash undid never mix with
+    the resumed run's."""
+    return f"{str(url).rstrip('/')}/from_step_{start:06d}"
+
+
 class StoreWeights:
     """New weights travel through the weight store (c2/rl/weight_sync.py): the trainer publishes
-    each version (a delta in the serving dtype); a background fetcher decodes it off the
-    engine's path and hands it to the engine. A (re)started run writes under
-    `url/from_step_NNNNNN`, so versions a crash undid never mix with the resumed run's. A fetch
-    that keeps failing (the fetcher's retries spent) is handed to `fail`: it stops the run.
-    Every `prune_every` versions the publisher prunes the store, keeping the `keep` newest and
-    what live subscribers' leases pin."""
+    each version (a delta in the serving dtype, shard by shard: with several trainer processes
+    every one publishes the shards it holds, `subscribe=False` on all but process 0); a
+    background fetcher decodes it off the engine's path and hands it to the engine, laid out by
+    `shardings` (the engine's layout; None: one device). A (re)started run writes under
+    `store_url(url, start)`. A fetch that keeps failing (the fetcher's retries spent) is handed
+    to `fail`: it stops the run. Every `prune_every` versions process 0 prunes the store, keeping
+    the `keep` newest and what live subscribers' leases pin."""
 
     def __init__(
         self,
@@ -168,13 +176,17 @@ class StoreWeights:
         start: int,
         prune_every: int = 0,
         keep: int = 2,
+        shardings=None,
+        subscribe: bool = True,
     ):
         from c2.rl import weight_sync
 
         self.prune_every, self.keep = prune_every, keep  # prune_every 0: never prune
-        self.url = f"{str(url).rstrip('/')}/from_step_{start:06d}"
+        self.url = store_url(url, start)
         self.publisher = weight_sync.WeightPublisher(self.url, full_every=full_every, dtype=dtype)
-        self.subscriber = weight_sync.WeightSubscriber(self.url)
+        self.subscriber = (
+            weight_sync.WeightSubscriber(self.url, shardings=shardings) if subscribe else None
+        )
         self._fetcher = None
         self._sync = weight_sync
 
@@ -198,14 +210,17 @@ class StoreWeights:
         self._fetcher.start()
 
     def publish(self, params, version: int) -> None:
+        """Publish `params` (every trainer process calls it: a collective with several)."""
         self.publisher.publish(params, version)
-        if self.prune_every and version % self.prune_every == 0:  # off the subscribers' path
+        pruning = self.prune_every and version % self.prune_every == 0
+        if pruning and jax.process_index() == 0:  # off the subscribers' path
             self.publisher.prune(keep=self.keep)
 
     def close(self) -> None:
         if self._fetcher is not None:
             self._fetcher.stop()
-        self.subscriber.close()
+        if self.subscriber is not None:
+            self.subscriber.close()
         self.publisher.close()
 
 

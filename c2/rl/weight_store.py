@@ -5,7 +5,8 @@ codec of one tensor.
     LATEST                               {"format", "version", "manifest_checksum"}: the newest
                                          complete version, written after its manifest
     manifests/000000000007.json          a version's manifest
-    blobs/000000000007/<tensor name>     one blob per tensor
+    blobs/000000000007/<tensor name>     one blob per tensor, or per shard of a sharded one
+                                         (`<tensor name>/<start>.<start>...`: weight_shards.py)
     subscribers/<id>.json                a lease: {"id", "version", "renewed", "expires"}
 
 A poll reads only LATEST (one GET whatever the history); a reader checks the manifest it names
@@ -87,13 +88,15 @@ def kvstore_spec(url: Url) -> dict:
 class _Store:
     """The few kvstore operations the publisher and the subscriber need, synchronous, each with
     a deadline (`timeout_s`: a store that stops answering is an error, never a hang). `requests`
-    counts them by kind ("read", "write", "list", "delete")."""
+    counts them by kind ("read", "write", "list", "delete"), `bytes_read` the bytes reads
+    returned."""
 
     def __init__(self, url: Url, timeout_s: float = TIMEOUT_S):
         self.url = json.dumps(dict(url)) if isinstance(url, Mapping) else os.fspath(url)
         self.kv = ts.KvStore.open(kvstore_spec(url)).result(timeout=timeout_s)
         self.timeout_s = timeout_s
         self.requests: collections.Counter = collections.Counter()
+        self.bytes_read = 0
 
     def _wait(self, future: ts.Future, what: str):
         try:
@@ -104,7 +107,10 @@ class _Store:
     def read(self, key: str) -> bytes | None:
         self.requests["read"] += 1
         r = self._wait(self.kv.read(key), f"reading {key}")
-        return r.value if r.state == "value" else None
+        if r.state != "value":
+            return None
+        self.bytes_read += len(r.value)
+        return r.value
 
     def write(self, key: str, value: bytes) -> None:
         self.requests["write"] += 1
@@ -243,11 +249,19 @@ def unflatten(flat: Mapping[str, Any]) -> dict:
     return tree
 
 
+def serving_dtype(name: str, dtype, served, keep: Iterable[str] = KEEP_DTYPE) -> np.dtype:
+    """The dtype tensor `name` (of `dtype`) is served in: floating ones in `served`, except those
+    whose last name component is in `keep`."""
+    if jnp.issubdtype(dtype, jnp.floating) and name.rsplit("/", 1)[-1] not in keep:
+        return jnp.dtype(served)
+    return jnp.dtype(dtype)
+
+
 def serving_array(name: str, x, dtype, keep: Iterable[str] = KEEP_DTYPE) -> np.ndarray:
-    """`x` on the host as served: floating tensors cast to `dtype` (on device: half the copy),
-    except those whose last name component is in `keep`."""
-    if jnp.issubdtype(x.dtype, jnp.floating) and name.rsplit("/", 1)[-1] not in keep:
-        x = x.astype(dtype)
+    """`x` (a tensor or one shard of it) on the host as served (`serving_dtype`; cast on
+    device: half the copy)."""
+    if (served := serving_dtype(name, x.dtype, dtype, keep)) != x.dtype:
+        x = x.astype(served)
     return np.ascontiguousarray(np.asarray(jax.device_get(x)))
 
 

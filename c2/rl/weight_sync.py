@@ -14,7 +14,8 @@ exactly the bits that were published.
 Layout of the store (any tensorstore kvstore: a local path or `file://` by default, `s3://` and
 `gs://` when scaled out; c2/rl/weight_store.py), versions zero-padded so that keys sort by version:
 
-    blobs/000000000007/<tensor name>     one blob per tensor (its '/'-joined dict path)
+    blobs/000000000007/<tensor name>     one blob per tensor (its '/'-joined dict path), or
+                                         per shard of a sharded one (c2/rl/weight_shards.py)
     manifests/000000000007.json          the version's manifest, written after its blobs
     LATEST                               the newest version and its manifest's checksum, last
     subscribers/<id>.json                a lease: the version a subscriber holds, until when
@@ -27,8 +28,17 @@ Applying a delta is one XOR, and a delta applied twice or out of order cannot pa
 
 The manifest names `version`, `base_version` (null for an anchor), the serving dtype and, per
 tensor, name, shape, dtype, raw byte count, stored byte count, the checksum of the blob and the
-checksum of the tensor's bits at this version (BLAKE2b-128). It is written after every blob, in one
-atomic put, so a reader never sees a half-written version: blobs without a manifest are invisible.
+checksum of the tensor's bits at this version (BLAKE2b-128); a sharded tensor lists those per
+shard (its slice of the global array). It is written after every blob, in one atomic put, so a
+reader never sees a half-written version: blobs without a manifest are invisible.
+
+Shard by shard: `publish` takes jax Arrays on any mesh, spanning processes or not. Every
+process writes only the distinct shards whose replica 0 it holds (each byte once; a delta per
+shard against its own last version), then one small collective of the shards' entries (never the
+weights) tells process 0 that all are written; it writes the manifest and LATEST. No process ever
+holds more than its own shards. `fetch(shardings=)` (the engine's layout, any other mesh) reads
+only the shards that overlap the slices this process's devices hold and builds each device's
+slice from them.
 
 A subscriber reaches version t from the version it holds (h) or from the newest anchor at or
 before t, whichever is nearer: it walks t's chain of bases back until it meets h or an anchor,
@@ -53,7 +63,6 @@ also accepted as the url.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import json
@@ -62,7 +71,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -70,6 +79,9 @@ import jax.numpy as jnp
 import numpy as np
 import zstandard
 
+from c2 import distributed
+from c2.rl import weight_shards as shards
+from c2.rl.weight_fetcher import BackgroundFetcher
 from c2.rl.weight_store import (  # noqa: F401  (the store's names, importable from here too)
     BLOBS,
     CODEC,
@@ -94,6 +106,7 @@ from c2.rl.weight_store import (  # noqa: F401  (the store's names, importable f
     flatten,
     kvstore_spec,
     serving_array,
+    serving_dtype,
     unflatten,
 )
 
@@ -115,7 +128,7 @@ class Published:
 class WeightPublisher:
     """Writes policy versions to the store (module doc). Options: full_every (an anchor every
     that many publications; the first is always one), dtype (the serving dtype of floating
-    tensors; those named in `keep_dtype` keep theirs), level (zstd), threads (tensors encoded
+    tensors; those named in `keep_dtype` keep theirs), level (zstd), threads (shards encoded
     and written concurrently)."""
 
     def __init__(
@@ -136,19 +149,26 @@ class WeightPublisher:
         self.keep_dtype = tuple(keep_dtype)
         self.level = level
         self._pool = concurrent.futures.ThreadPoolExecutor(threads)
-        self._prev: Bits | None = None  # the bits of the last version this publisher wrote
+        # the bits of the shards this process wrote of the last version, by (name, index)
+        self._prev: dict[tuple[str, shards.Index], np.ndarray] | None = None
         self._prev_version: int | None = None
         self._prev_layout: dict = {}
+        self._prev_grids: dict = {}
         self._since_anchor = 0
 
     def publish(self, params: Mapping[str, Any], version: int) -> Published:
-        """Write `params` (cast to the serving dtype) as `version`: blobs, then the manifest."""
+        """Write `params` (cast to the serving dtype) as `version`: this process's shards, then
+        (process 0, once every process has written its own) the manifest and LATEST. With
+        several processes every one calls it, at the same point: it ends in a collective of
+        the shards' entries (never of the weights)."""
         t0 = time.perf_counter()
         version = self._check_version(version)
-        arrays = {
-            n: serving_array(n, x, self.dtype, self.keep_dtype) for n, x in flatten(params).items()
+        flat = flatten(params)
+        layout = {
+            n: (tuple(x.shape), serving_dtype(n, x.dtype, self.dtype, self.keep_dtype).name)
+            for n, x in flat.items()
         }
-        layout = {n: (x.shape, x.dtype.name) for n, x in arrays.items()}
+        grids = {n: shards.grid(x) for n, x in flat.items()}  # the same on every process
         anchor = self._prev is None or self._since_anchor + 1 >= self.full_every
         if not anchor and (diff := _layout_diff(self._prev_layout, layout)):
             raise WeightSyncError(
@@ -157,8 +177,21 @@ class WeightPublisher:
                 version=version,
                 tensor=diff[0],
             )
+        anchor = anchor or grids != self._prev_grids  # a new trainer layout: no shard-wise base
         base = None if anchor else self._prev
-        entries = list(self._pool.map(lambda n: self._put(version, n, arrays[n], base), arrays))
+        pieces = [
+            (n, tuple(y.shape), index, x)
+            for n, y in flat.items()
+            for index, x in shards.local_shards(y)
+        ]
+        try:
+            written = list(self._pool.map(lambda p: self._put(version, *p, base), pieces))
+            mine: Any = [entry for entry, _ in written]
+        except Exception as e:  # every process must reach the collective, which then raises
+            if jax.process_count() == 1:
+                raise
+            mine = f"process {jax.process_index()}: {type(e).__name__}: {e}"
+        entries = self._everyone(version, mine)
         manifest = {
             "format": FORMAT,
             "version": version,
@@ -167,13 +200,14 @@ class WeightPublisher:
             "dtype": self.dtype.name,
             "checksum": "blake2b-128",
             "created": time.time(),
-            "tensors": entries,
+            "tensors": self._tensors(version, layout, entries),
         }
-        raw = json.dumps(manifest).encode()
-        self.store.write(_manifest_key(version), raw)
-        self.store.write_latest(version, raw)  # after the manifest: it names a complete version
-        self._prev = {n: _bits(x) for n, x in arrays.items()}
-        self._prev_version, self._prev_layout = version, layout
+        if jax.process_index() == 0:
+            raw = json.dumps(manifest).encode()
+            self.store.write(_manifest_key(version), raw)
+            self.store.write_latest(version, raw)  # after the manifest: a complete version
+        self._prev = {(e["name"], e["index"]): bits for e, bits in written}
+        self._prev_version, self._prev_layout, self._prev_grids = version, layout, grids
         self._since_anchor = 0 if anchor else self._since_anchor + 1
         return Published(
             version,
@@ -182,6 +216,35 @@ class WeightPublisher:
             sum(e["bytes"] for e in entries),
             time.perf_counter() - t0,
         )
+
+    def _everyone(self, version: int, mine: list[dict] | str) -> list[dict]:
+        """Every process's shard entries (a collective); a process that failed fails all."""
+        gathered = distributed.allgather(mine)
+        if failed := [g for g in gathered if isinstance(g, str)]:
+            raise WeightSyncError(
+                f"version {version}: not published, a process failed to write its shards: "
+                + "; ".join(failed),
+                version=version,
+            )
+        return [e for entries in gathered for e in entries]
+
+    def _tensors(self, version: int, layout: dict, entries: list[dict]) -> list[dict]:
+        """The manifest's tensor entries; every tensor's shards must cover it exactly once."""
+        by_name: dict[str, list[dict]] = {n: [] for n in layout}
+        for e in entries:
+            by_name[e["name"]].append(e)
+        out = []
+        for name, (shape, dtype) in layout.items():
+            if why := shards.tiling_error(shape, by_name[name]):
+                raise WeightSyncError(
+                    f"version {version}, tensor {name!r}: not published: {why}",
+                    version=version,
+                    tensor=name,
+                )
+            keep = ("index", "bytes", "stored_bytes", "blob_checksum", "checksum")
+            parts = [{k: e[k] for k in keep} for e in by_name[name]]
+            out.append(shards.tensor_entry(name, shape, dtype, parts))
+        return out
 
     def _check_version(self, version: int) -> int:
         if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
@@ -198,19 +261,30 @@ class WeightPublisher:
             )
         return int(version)
 
-    def _put(self, version: int, name: str, array: np.ndarray, base: Bits | None) -> dict:
-        bits = _bits(array)
-        blob = encode(bits, None if base is None else base[name], self.level)
-        self.store.write(_blob_prefix(version) + name, blob)
+    def _put(
+        self, version: int, name: str, shape: tuple, index: shards.Index, x, base: dict | None
+    ) -> tuple[dict, np.ndarray]:
+        """Encode and write one shard (a delta on the same shard of the last version)."""
+        served = serving_array(name, x, self.dtype, self.keep_dtype)
+        bits = _bits(served)
+        prior = None if base is None else base.get((name, index))
+        if base is not None and prior is None:
+            raise WeightSyncError(
+                f"version {version}, tensor {name!r}: shard {shards.describe(index)} was not "
+                f"written by this process at version {self._prev_version}",
+                version=version,
+                tensor=name,
+            )
+        blob = encode(bits, prior, self.level)
+        self.store.write(_blob_prefix(version) + shards.key(name, index, shape), blob)
         return {
             "name": name,
-            "shape": list(array.shape),
-            "dtype": array.dtype.name,
-            "bytes": array.nbytes,
+            "index": index,
+            "bytes": served.nbytes,
             "stored_bytes": len(blob),
             "blob_checksum": checksum(blob),
             "checksum": checksum(bits),
-        }
+        }, bits
 
     def prune(self, keep: int = 2, now: float | None = None) -> list[int]:
         """Delete the versions before the newest anchor that (a) every live subscriber (an
@@ -253,8 +327,11 @@ class WeightPublisher:
 
 class WeightSubscriber:
     """Reads policy versions from the store (module doc). `fetch` returns the params as a nested
-    dict of jax arrays in the published dtypes (placed with `shardings`, a matching tree, when
-    given; else on the default device). like: a params tree (arrays or ShapeDtypeStructs) whose
+    dict of jax arrays in the published dtypes: laid out by `shardings` (one Sharding, or a tree
+    of them keyed like the params; the engine's layout, any mesh) when given, reading only the
+    shards that overlap the slices this process's devices hold; else whole, on the default
+    device. `stats["bytes_read"]` counts the blob bytes read (`raw_bytes_read` decoded), and
+    `last_read` those of the last fetch. like: a params tree (arrays or ShapeDtypeStructs) whose
     names and shapes the store must have. register: hold a lease on the held version under
     `subscribers/<id>.json`, written at each fetch and renewed by `renew` (the fetcher calls it
     each poll) every third of `lease_s`, for `WeightPublisher.prune`. timeout_s: the deadline of
@@ -289,11 +366,19 @@ class WeightSubscriber:
         self._pool = concurrent.futures.ThreadPoolExecutor(threads)
         self._lock = threading.Lock()
         self.version: int | None = None  # the version held
-        self._held: Bits = {}
+        self._held: dict[str, dict[shards.Index, np.ndarray]] = {}  # name -> shard -> bits
+        self._regions: dict[str, tuple[shards.Index, ...]] | None = None  # what _held covers
         self._dtypes: dict[str, np.dtype] = {}
         self._layout: dict | None = None
         self.last_applied: list[int] = []  # versions whose blobs the last fetch applied, in order
-        self.stats = {"fetches": 0, "versions_applied": 0, "bytes_read": 0, "fetch_s": 0.0}
+        self.stats = {
+            "fetches": 0,
+            "versions_applied": 0,
+            "bytes_read": 0,
+            "raw_bytes_read": 0,
+            "fetch_s": 0.0,
+        }
+        self.last_read = {"bytes_read": 0, "raw_bytes_read": 0}
 
     def latest_version(self) -> int | None:
         """The newest complete version in the store, or None: one read of LATEST while it is
@@ -327,17 +412,23 @@ class WeightSubscriber:
             self._lease_until = self.store.write_lease(self.id, self.version, self.lease_s)
             self._lease_version = self.version
 
-    def fetch(self, version: int | None = None) -> tuple[int, dict]:
-        """(version, params) of `version` (default: the newest complete one)."""
+    def fetch(self, version: int | None = None, shardings: Any = None) -> tuple[int, dict]:
+        """(version, params) of `version` (default: the newest complete one), laid out by
+        `shardings` (default: the subscriber's; None there too: whole, on the default device).
+        A layout whose devices need other slices than those held reads from an anchor."""
         with self._lock:
             t0 = time.perf_counter()
             target = self._target(version)
-            if target != self.version:
-                self._advance(target)
+            shardings = self.shardings if shardings is None else shardings
+            m = None if target == self.version else self._manifest(target, None)
+            regions = self._regions_of(_layout(m) if m else self._layout, shardings)
+            self.last_read = {"bytes_read": 0, "raw_bytes_read": 0}
+            if target != self.version or regions != self._regions:
+                self._advance(target, regions)
                 self.stats["fetches"] += 1
                 self.stats["fetch_s"] += time.perf_counter() - t0
             self.renew()
-            return self.version, self._params()
+            return self.version, self._params(shardings)
 
     def close(self) -> None:
         """Give up the lease (so `prune` no longer keeps versions for this subscriber)."""
@@ -364,13 +455,23 @@ class WeightSubscriber:
             )
         return target
 
-    def _chain(self, target: int) -> list[dict]:
-        """Manifests from the starting point (an anchor, or the version after the held one) to
-        `target`, in the order they are applied: one read per manifest, no LIST."""
+    def _regions_of(self, layout: dict, shardings: Any) -> dict[str, tuple[shards.Index, ...]]:
+        """{tensor: the distinct slices this process's devices hold under `shardings`} (None:
+        the whole of each tensor)."""
+        by_name = None if shardings is None else shards.flat_shardings(shardings, layout)
+        return {
+            n: shards.targets(None if by_name is None else by_name[n], shape)
+            for n, (shape, _) in layout.items()
+        }
+
+    def _chain(self, target: int, held: int | None) -> list[dict]:
+        """Manifests from the starting point (an anchor, or the version after `held`, the held
+        version when its shards serve) to `target`, in the order they are applied: one read
+        per manifest, no LIST."""
         chain = [self._manifest(target, None)]
-        while (base := chain[-1]["base_version"]) is not None and base != self.version:
+        while (base := chain[-1]["base_version"]) is not None and base != held:
             v = chain[-1]["version"]
-            if self.version is not None and base < self.version:
+            if held is not None and base < held:
                 raise WeightSyncError(
                     f"version {v}: a delta against version {base}, older than the held "
                     f"version {self.version}; no anchor reaches it",
@@ -417,160 +518,98 @@ class WeightSubscriber:
                 tensor=diff[0],
             )
 
-    def _advance(self, target: int) -> None:
-        chain = self._chain(target)
+    def _advance(self, target: int, regions: dict) -> None:
+        held = self.version if regions == self._regions else None  # else from an anchor
+        chain = self._chain(target, held)
         for m in chain:
             self._check_layout(m)
+            if diff := _layout_diff(_layout(chain[-1]), _layout(m)):
+                raise WeightSyncError(
+                    f"version {m['version']}: another model shape than version {target}, "
+                    f"which it leads to: {diff[1]}",
+                    version=m["version"],
+                    tensor=diff[0],
+                )
         bits = dict(self._held) if chain[0]["base_version"] is not None else {}
         for m in chain:  # each step builds new arrays: the held ones are never written
-            bits = self._apply(m, bits)
+            bits = self._apply(m, bits, regions)
         self._held, self.version, self._layout = bits, target, _layout(chain[-1])
+        self._regions = regions
         self._dtypes = {n: jnp.dtype(dt) for n, (_, dt) in self._layout.items()}
         self.last_applied = [m["version"] for m in chain]
         self.stats["versions_applied"] += len(chain)
 
-    def _apply(self, m: dict, base: Bits) -> Bits:
-        tensors = list(self._pool.map(lambda t: self._tensor(m, t, base), m["tensors"]))
-        self.stats["bytes_read"] += sum(t["stored_bytes"] for t in m["tensors"])
-        return {t["name"]: x for t, x in zip(m["tensors"], tensors)}
+    def _apply(self, m: dict, base: dict, regions: dict) -> dict:
+        """Version m's shards that overlap `regions`, decoded (on `base` for a delta)."""
+        jobs = [
+            (t, piece)
+            for t in m["tensors"]
+            for piece in shards.needed(shards.shards_of(t), regions[t["name"]])
+        ]
+        done = list(self._pool.map(lambda job: self._shard(m, *job, base), jobs))
+        out: dict[str, dict] = {}
+        for (t, piece), (x, stored) in zip(jobs, done):
+            out.setdefault(t["name"], {})[piece["index"]] = x
+            for counts in (self.stats, self.last_read):
+                counts["bytes_read"] += stored
+                counts["raw_bytes_read"] += x.nbytes
+        return out
 
-    def _tensor(self, m: dict, t: dict, base: Bits) -> np.ndarray:
-        """One tensor's bits at version m, from its blob (XOR its bits in `base` for a delta)."""
-        v, name = m["version"], t["name"]
+    def _shard(self, m: dict, t: dict, piece: dict, base: dict) -> tuple[np.ndarray, int]:
+        """One shard's bits at version m, from its blob (XOR the same shard in `base` for a
+        delta), and the blob's size."""
+        v, name, index, shape = m["version"], t["name"], piece["index"], tuple(t["shape"])
+        where = "" if "shards" not in t else f" shard {shards.describe(index)}"
 
         def fail(what: str) -> WeightSyncError:
-            return WeightSyncError(f"version {v}, tensor {name!r}: {what}", version=v, tensor=name)
+            return WeightSyncError(
+                f"version {v}, tensor {name!r}{where}: {what}", version=v, tensor=name
+            )
 
-        blob = self.store.read(_blob_prefix(v) + name)
+        key = _blob_prefix(v) + shards.key(name, index, shape)
+        blob = self.store.read(key)
         if blob is None:
-            raise fail(f"blob missing at {_blob_prefix(v) + name}")
-        if checksum(blob) != t["blob_checksum"]:
+            raise fail(f"blob missing at {key}")
+        if checksum(blob) != piece["blob_checksum"]:
             raise fail("checksum mismatch of the stored blob (corrupt or overwritten)")
-        like = np.empty(t["shape"], np.dtype(f"u{jnp.dtype(t['dtype']).itemsize}"))
+        unsigned = np.dtype(f"u{jnp.dtype(t['dtype']).itemsize}")
+        like = np.empty(shards.index_shape(index), unsigned)
         try:
             x = decode(blob, like)
         except (zstandard.ZstdError, ValueError) as e:
             raise fail(f"undecodable blob ({e})") from e
         if m["base_version"] is not None:
-            x ^= base[name]
-        if checksum(x) != t["checksum"]:
+            prior = base.get(name, {}).get(index)
+            if prior is None:
+                raise fail(f"a delta on version {m['base_version']}, which has no such shard")
+            x ^= prior
+        if checksum(x) != piece["checksum"]:
             raise fail(
                 "checksum mismatch of the decoded bits"
                 + ("" if m["base_version"] is None else f" (delta on version {m['base_version']})")
             )
-        return x
+        return x, len(blob)
 
-    def _params(self) -> dict:
-        arrays = {n: x.view(self._dtypes[n]) for n, x in self._held.items()}
+    def _params(self, shardings: Any) -> dict:
+        """The held version as jax arrays: whole on the default device, or each device's
+        slice (built from the held shards) under `shardings`."""
+        layout = self._layout
+        by_name = None if shardings is None else shards.flat_shardings(shardings, layout)
+        arrays = {}
+        for n, (shape, _) in layout.items():
+            pieces, dtype = self._held[n], self._dtypes[n]
+            if by_name is None:
+                arrays[n] = self._slice(shards.full(shape), pieces, dtype)
+            else:
+                slice_of = lambda i, s=shape, p=pieces, d=dtype: self._slice(  # noqa: E731
+                    shards.as_index(i, s), p, d
+                )
+                arrays[n] = jax.make_array_from_callback(shape, by_name[n], slice_of)
         tree = unflatten(arrays)
-        if self.shardings is None:
-            return jax.device_put(tree)
-        return jax.device_put(tree, self.shardings)
+        return jax.device_put(tree) if by_name is None else tree
 
-
-# Off the engine's critical path ---------------------------------------------------------------
-
-
-class BackgroundFetcher:
-    """A daemon thread that polls the store and, for each newer version, fetches and decodes it
-    off-thread, then calls `update(params, version)` (e.g. `Engine.update_weights`, which only
-    swaps the arrays in at its next step). A failed fetch is kept in `errors` and retried, the
-    wait doubling from `poll_s` up to `max_backoff_s`; the held weights stay valid. After
-    `max_failures` failures in a row (a bounded time: the sum of those waits and fetches) it
-    stops, keeps a `WeightSyncError` naming the version in `fatal`, and hands it to
-    `on_fatal(error)`: whoever waits for new weights learns that none will come."""
-
-    def __init__(
-        self,
-        subscriber: WeightSubscriber,
-        update: Callable[[dict, int], None],
-        *,
-        poll_s: float = 1.0,
-        max_failures: int = 10,
-        max_backoff_s: float = 5.0,
-        on_fatal: Callable[[WeightSyncError], None] | None = None,
-    ):
-        if max_failures < 1:
-            raise ValueError(f"max_failures={max_failures}: expected >= 1")
-        self.subscriber = subscriber
-        self.update = update
-        self.poll_s = poll_s
-        self.max_failures, self.max_backoff_s, self.on_fatal = max_failures, max_backoff_s, on_fatal
-        self.errors: collections.deque[Exception] = collections.deque(maxlen=100)  # the last
-        self.fatal: WeightSyncError | None = None
-        self.delivered: list[int] = []  # versions handed to `update`, in order
-        self._target: int | None = None  # the version the current poll fetches
-        self._stop = threading.Event()
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="weight-fetcher", daemon=True)
-
-    def start(self) -> BackgroundFetcher:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def __enter__(self) -> BackgroundFetcher:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def wait_for(self, version: int, timeout: float | None = None) -> bool:
-        """Block until a version >= `version` was delivered (True), or `timeout` passed or the
-        fetcher gave up (False)."""
-        reached = lambda: bool(self.delivered) and self.delivered[-1] >= version  # noqa: E731
-        with self._changed:
-            self._changed.wait_for(lambda: reached() or self.fatal is not None, timeout)
-            return reached()
-
-    def poll_once(self) -> int | None:
-        """Fetch and deliver the newest version if it is newer than the held one."""
-        self._target = None
-        self.subscriber.renew()  # a live subscriber keeps its lease; a dead one lets it expire
-        newest = self.subscriber.latest_version()
-        held = self.subscriber.version
-        if newest is None or (held is not None and newest <= held):
-            return None
-        self._target = newest
-        version, params = self.subscriber.fetch(newest)
-        self.update(params, version)
-        with self._changed:
-            self.delivered.append(version)
-            self._changed.notify_all()
-        return version
-
-    def _run(self) -> None:
-        failures, since = 0, 0.0
-        while not self._stop.is_set():
-            wait = self.poll_s
-            try:
-                self.poll_once()
-                failures = 0
-            except Exception as e:  # a bad version or a network error: retried, then fatal
-                self.errors.append(e)
-                failures += 1
-                since = since if failures > 1 else time.monotonic()
-                if failures >= self.max_failures:
-                    self._give_up(e, failures, time.monotonic() - since)
-                    return
-                wait = min(self.poll_s * 2 ** (failures - 1), max(self.max_backoff_s, self.poll_s))
-            self._stop.wait(wait)
-
-    def _give_up(self, error: Exception, failures: int, seconds: float) -> None:
-        version = getattr(error, "version", None)
-        version = self._target if version is None else version
-        self.fatal = WeightSyncError(
-            f"fetching version {version} of {self.subscriber.store.url} failed {failures} times "
-            f"in a row over {seconds:.1f} s (holding version {self.subscriber.version}); the "
-            f"last error: {type(error).__name__}: {error}",
-            version=version,
-            tensor=getattr(error, "tensor", None),
-        )
-        self.fatal.__cause__ = error
-        with self._changed:
-            self._changed.notify_all()
-        if self.on_fatal is not None:
-            self.on_fatal(self.fatal)
+    @staticmethod
+    def _slice(region: shards.Index, pieces: dict, dtype) -> np.ndarray:
+        if region in pieces:  # a held shard as it is: no copy
+            return pieces[region].view(dtype)
+        return shards.assemble(region, pieces, pieces[next(iter(pieces))].dtype).view(dtype)
