@@ -104,7 +104,7 @@ def decode_costs(init_from: str, slots: int, overrides: dict) -> tuple[float, fl
     """(floor, per-sequence) seconds of one decode step, fitted at 1 and `slots` sequences."""
     config = bench_config(init_from, 3, 0, (0.0, 0.0), overrides)
     _, cfg, _, _ = rl_config.validate_rl(config, jax.device_count())
-    task = lm.build_task(rl_config._without_rl(config))
+    task = lm.build_task(rl_config.lm_part(config))
     params = load_init_params(init_from, task)
     new, times = 64, {}
     for n in (1, slots, 1, slots):  # interleaved, the second of each kept (compiled)

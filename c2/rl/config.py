@@ -31,6 +31,8 @@ from c2.train.config import (
     stage_defaults,
 )
 
+# How Ray workers get c2 (config.rl.ray_runtime_env; c2/rl/fleet_ray.py).
+RAY_RUNTIME_ENVS = ("auto", "ship", "none")
 # Terms whose weight the config sets (rewards.<term>), each with an optional schedule.
 SCHEDULED_TERMS = ("style", "communication", "tool_call_penalty", "length_penalty")
 OBJECTIVE_FIELDS = tuple(
@@ -116,7 +118,20 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     r.ray_address = ""
     r.ray_worker_cpus = 1.0  # Ray resources each worker actor asks for
     r.ray_worker_gpus = 0.0
-    r.ray_max_restarts = -1  # replacements for dead workers in a run; -1: 2 x the workers
+    # replacements for workers that die, raise or hang, in a run (then the run fails); -1: 2 x
+    # the workers
+    r.ray_max_restarts = -1
+    # How workers get c2: "auto" ships the c2 package with Ray's runtime_env when ray_address
+    # names a cluster (its nodes need only the Python deps), not to a local one; "ship" always;
+    # "none": the nodes have c2 installed.
+    r.ray_runtime_env = "auto"
+    # Deadlines on the fleet's remote calls: a worker not placed or built in time fails the run;
+    # one whose exchange passes its deadline is hung (killed and replaced).
+    r.ray_place_timeout_s = 60.0  # the cluster to reserve a worker's CPUs/GPUs
+    r.ray_start_timeout_s = 1800.0  # a worker to fetch the weights and compile its engine
+    # an exchange: WAIT_S, plus a synchronous weight refresh when the worker lags (minutes at
+    # Kimi-K2 scale)
+    r.ray_call_timeout_s = 600.0
     # The mesh of each rollout engine (local, and each Ray worker, which reserves that many
     # devices): "expert=4,tensor=2" lays experts over 4 devices and heads over 2; "" is one device.
     r.rollout_mesh = ""
@@ -183,7 +198,7 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     return c
 
 
-def _without_rl(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+def lm_part(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The training-stage part of an RL config (what c2.train.lm understands)."""
     base = copy.deepcopy(config)
     with base.unlocked():
@@ -315,6 +330,13 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
         )
     check_positive(config, "rl.num_rollout_workers")
     check_positive(config, "rl.ray_worker_cpus", "rl.ray_worker_gpus", allow_zero=True)
+    check_positive(
+        config, "rl.ray_place_timeout_s", "rl.ray_start_timeout_s", "rl.ray_call_timeout_s"
+    )
+    if r.ray_runtime_env not in RAY_RUNTIME_ENVS:
+        raise ConfigError(
+            f"config.rl.ray_runtime_env={r.ray_runtime_env!r}: expected one of {RAY_RUNTIME_ENVS}"
+        )
     if r.rollout_backend == "local" and r.num_rollout_workers != 1:
         raise ConfigError(
             f"config.rl.num_rollout_workers={r.num_rollout_workers} needs "
@@ -372,7 +394,7 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             f"config.rl.rollout.max_tokens={r.rollout.max_tokens} exceeds the largest "
             f"sequence bucket {max(buckets)} (config.rl.seq_buckets)"
         )
-    mesh_sizes, cfg = lm.validate(_without_rl(config), num_devices, load_files=load_files)
+    mesh_sizes, cfg = lm.validate(lm_part(config), num_devices, load_files=load_files)
     # The batch axes of the stage's layout (config.mesh.rules), as RLLearner spreads them.
     batch_axes = sharding.rule_axes(sharding_rules(config)["batch"])
     batch_devices = math.prod(mesh_sizes[a] for a in batch_axes)

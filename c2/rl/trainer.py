@@ -40,7 +40,7 @@ from c2.envs.tasks import Task
 from c2.infer.engine import Engine
 from c2.model.config import ModelConfig
 from c2.rl import config as rl_config
-from c2.rl import evaluation, orchestrator
+from c2.rl import engine_weights, evaluation, orchestrator
 from c2.rl.batching import make_batch, reward_arrays
 from c2.rl.episodes import EpisodeRequest, EpisodeRunner, RolloutConfig
 from c2.rl.prompts import Ledger, load_prompts, load_task_source  # noqa: F401 - API
@@ -49,6 +49,7 @@ from c2.rl.step import RLLearner
 from c2.train import lm
 from c2.train import metrics as metrics_lib
 from c2.train.checkpoint import Checkpointer
+from c2.train.config import sharding_rules
 from c2.train.loop import Counters, abstract_state, init_key, load_init_params, plot_run
 from c2.train.loop import Task as TrainTask
 from c2.train.optimizer import make_optimizer
@@ -104,7 +105,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     stage = _set_up(config, Path(workdir))
     if not distributed.is_primary():
         state = (stage.params, stage.opt_state, stage.ref_params)
-        return _follow(stage.learner, state, stage.ckpt, stage.start, stage.steps, config)
+        return _follow(stage.learner, state, stage.ckpt, stage.start, stage.steps, config,
+                       stage.workdir)  # fmt: skip
     r, workdir, steps, start = config.rl, stage.workdir, stage.steps, stage.start
     rollouts = _rollouts(stage)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
@@ -129,7 +131,12 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
                 _precompile(stage.learner, state, batch_of, batch, terms, effort, s, config)
             evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
             step_metrics, per_sample = _update(stage, batch, terms, effort, evaluating, s)
-            rollouts.publish(_for_engine(stage.params, stage.layout.mesh), step)  # publish
+            rollouts.publish(
+                engine_weights.for_engine(
+                    stage.params, engine_weights.engine_shardings(stage.config, stage.cfg)
+                ),
+                step,
+            )  # publish
             t_train = time.perf_counter() - t0
             record = _record(stage, step, groups, samples, batch, per_sample, step_metrics)
             record |= clock.tick(rollouts, samples, batch, waited, t_train, stage)
@@ -162,7 +169,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
     """The validated config, the task and learner on the stage's layout, the prompts (process 0
     holds them), and the state: restored from the newest checkpoint, else fresh."""
     mesh_sizes, cfg, objective, rollout = rl_config.validate_rl(config, jax.device_count())
-    task = lm.build_task(rl_config._without_rl(config))  # mesh, shardings, init and import
+    task = lm.build_task(rl_config.lm_part(config))  # mesh, shardings, init and import
     layout = lm.make_layout(config, mesh_sizes)  # config.mesh.rules: weights and activations
     # Several processes (c2/distributed.py): all train; process 0 alone runs the rollouts and
     # evaluations, holds the prompts and writes; the others follow it (_follow).
@@ -191,7 +198,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
         rollout=rollout,
         task=task,
         layout=layout,
-        learner=_learner(config, cfg, objective, tx, schedule, layout),
+        learner=make_learner(config, cfg, objective, tx, schedule, layout),
         chat=chat,
         sandbox=Sandbox() if primary else None,
         steps=steps,
@@ -226,7 +233,8 @@ def _restore(config, task, tx, ckpt: Checkpointer, order: list[str], workdir: Pa
     return start, params, opt_state, ref_params, ledger, Counters(**meta["counters"])
 
 
-def _learner(config, cfg, objective, tx, schedule, layout: sharding.Layout) -> RLLearner:
+def make_learner(config, cfg, objective, tx, schedule, layout: sharding.Layout) -> RLLearner:
+    """The stage's RLLearner (the memory plan compiles the same one: c2/bench/plan_stages.py)."""
     r = config.rl
     return RLLearner(
         cfg,
@@ -273,29 +281,32 @@ def _rollouts(stage: Stage):
     prompts = stage.ledger.take(len(stage.ledger.order))
     by_id = stage.by_id
     request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)  # noqa: E731
-    # Ray workers fetch their weights from the store: on one machine it may default to DIR's.
-    store = r.weight_store or (
-        str(stage.workdir / "weight_store") if r.rollout_backend == "ray" else ""
-    )
-    if store:
-        weights = orchestrator.StoreWeights(
-            store,
-            dtype=r.weight_store_dtype,
-            full_every=r.weight_store_full_every,
-            start=start,
-            prune_every=r.weight_store_prune_every,
-            keep=r.weight_store_keep,
+    if store := engine_weights.store_url(config, stage.workdir):
+        weights = engine_weights.store_weights(
+            config, store, start, shardings=engine_weights.engine_shardings(stage.config, stage.cfg)
         )
     else:
         weights = orchestrator.InProcessWeights()
-    served = weights.initial(_for_engine(stage.params, stage.layout.mesh), start)
+    served = weights.initial(
+        engine_weights.for_engine(
+            stage.params, engine_weights.engine_shardings(stage.config, stage.cfg)
+        ),
+        start,
+    )
     engine_args = _engine_args(stage)
     if r.rollout_backend == "ray":
         return _fleet(
             config, stage.cfg, stage.rollout, engine_args, weights, scheduler, prompts, request,
             start, steps,
         )  # fmt: skip
-    engine = Engine(served, stage.cfg, seed=config.train.seed + start, version=start, **engine_args)
+    engine = Engine(
+        served,
+        stage.cfg,
+        seed=config.train.seed + start,
+        version=start,
+        mesh=engine_weights.engine_mesh(stage.config),
+        **engine_args,
+    )
     runner = EpisodeRunner(
         engine, stage.chat, stage.sandbox, stage.workdir / "episodes", stage.rollout
     )
@@ -409,10 +420,11 @@ def _evaluate_at(stage: Stage, step: int) -> dict:
     rollouts go on meanwhile)."""
     config = stage.config
     frozen = Engine(
-        _for_engine(stage.params, stage.layout.mesh),
+        engine_weights.read_back(config, stage.cfg, stage.workdir, stage.start, stage.params, step),
         stage.cfg,
         seed=config.train.seed,
         version=step,
+        mesh=engine_weights.engine_mesh(stage.config),
         **_engine_args(stage),
     )
     runner = EpisodeRunner(
@@ -435,10 +447,22 @@ def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, reque
         seed=config.train.seed + start,
         max_staleness=r.max_staleness,
         compilation_cache=jax.config.jax_compilation_cache_dir or "",
+        rollout_mesh=r.rollout_mesh,
+        rollout_rules=sharding_rules(config),
     )
-    shutdown = fleet.start_ray(r.ray_address, r.num_rollout_workers, r.ray_worker_cpus)
+    shutdown = fleet.start_ray(
+        r.ray_address, r.num_rollout_workers, r.ray_worker_cpus, r.ray_runtime_env
+    )
+    launch = fleet.ray_launcher(
+        spec,
+        num_cpus=r.ray_worker_cpus,
+        num_gpus=r.ray_worker_gpus,
+        place_timeout_s=r.ray_place_timeout_s,
+        start_timeout_s=r.ray_start_timeout_s,
+        call_timeout_s=r.ray_call_timeout_s,
+    )
     return fleet.RayRollouts(
-        fleet.ray_launcher(spec, num_cpus=r.ray_worker_cpus, num_gpus=r.ray_worker_gpus),
+        launch,
         scheduler,
         prompts,
         request,
@@ -511,42 +535,29 @@ def _precompile(learner, state, batch_of, batch, terms, effort, step: int, confi
     )
 
 
-def _follow(learner, state, ckpt, start: int, steps: int, config) -> dict:
+def _follow(learner, state, ckpt, start: int, steps: int, config, workdir: Path) -> dict:
     """A process other than the first: the same collectives as process 0's loop in `run`, in the
-    same order (the weights gathered for its engine, the update on its shared batch, its
-    evaluations' weights, the checkpoints); no rollouts, no files but its checkpoint shards."""
+    same order (its shards of each version published to the store, the update on its shared
+    batch, the checkpoints); no rollouts, no files but its shards and checkpoint shards."""
     params, opt_state, ref_params = state
+    url = engine_weights.store_url(config, workdir)
+    weights = engine_weights.store_weights(config, url, start, subscribe=False)
     try:
-        _for_engine(params, learner.mesh)  # the rollout engine's first weights
-        if distributed.share():  # an evaluation before the first step
-            _for_engine(params, learner.mesh)
+        weights.publish(params, start)  # the rollout engine's first weights
+        distributed.share()  # whether process 0 evaluates before the first step
         for step in range(start + 1, steps + 1):
             shared = distributed.share()
             params, opt_state, _, _ = learner.update(
                 params, opt_state, ref_params, shared["batch"], shared["terms"],
                 shared["effort"], step - 1,
             )  # fmt: skip
-            _for_engine(params, learner.mesh)  # published to the rollout engine
-            if shared["evaluate"]:
-                _for_engine(params, learner.mesh)
+            weights.publish(params, step)  # to the rollout engines, shard by shard
             if step % config.train.checkpoint_every == 0 or step == steps:
                 ckpt.save(step, params, opt_state, {}, None, force=True)  # meta: process 0's
     finally:
+        weights.close()
         ckpt.close()
     return {}
-
-
-def _for_engine(params, mesh):
-    """The engine's own copy of the weights, on one device: the update donates the trainer's
-    while the engine is still decoding (a device_put alone may alias the trainer's shard).
-    Several processes: a collective (every process calls it; each receives the whole weights)
-    whose copy is process 0's alone (None elsewhere)."""
-    if jax.process_count() > 1:
-        whole = distributed.gather(params)
-        return jax.device_put(whole, jax.local_devices()[0]) if distributed.is_primary() else None
-    if mesh.devices.size > 1:
-        params = jax.device_put(params, jax.devices()[0])
-    return jax.tree.map(jnp.copy, params)
 
 
 def _score(samples: list[Sample], per_sample: dict, step: int) -> None:

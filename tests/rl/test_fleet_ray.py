@@ -1,12 +1,16 @@
-"""The RL stage with its rollouts on a Ray fleet (a local cluster started by the run): two
-worker actors, each with its own engine and sandbox pool, weights through the store; one worker
-process is SIGKILLed mid-run. The run finishes, a replacement worker plays what was lost, the
-ledger stays exact (every prompt trained once, every group whole) and no sample is staler than
-the bound."""
+"""The Ray fleet on one local cluster per module. The RL stage with two worker actors, each with
+its own engine and sandbox pool, weights through the store, where one worker raises, one hangs
+and one dies mid-episode: the run finishes, replacements play what was lost, the ledger stays
+exact (every prompt trained once, every group whole), no sample is staler than the bound, and
+the fleet counts each fault. A worker the cluster cannot place fails the fleet naming the
+resource."""
 
+import functools
+import json
 import os
 import signal
-import tempfile
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,9 +18,20 @@ from pathlib import Path
 import pytest
 from test_trainer import _config
 
-from c2.rl import trainer
+from c2.rl import fleet, fleet_ray, orchestrator, trainer
+from c2.rl.episodes import EpisodeRequest, RolloutConfig
 from c2.rl.records import read_rollouts
 from c2.train.metrics import read_metrics
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(ray_installed):
+    """One local cluster (2 CPUs at least) for the module; a run finds it started and keeps it."""
+    import ray
+
+    shutdown = fleet.start_ray("", workers=2, cpus_per_worker=1.0)
+    yield ray
+    shutdown()
 
 
 def _worker_pids() -> list[int]:
@@ -27,57 +42,69 @@ def _worker_pids() -> list[int]:
                 cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if cmdline.startswith(b"ray::RolloutWorker"):
+            if cmdline.startswith(b"ray::") and b"Worker" in cmdline.split(b"\0")[0]:
                 pids.append(int(proc.name))
     return pids
 
 
-def _live_episodes(pid: int) -> list[Path]:
-    """The workspaces of the episodes worker `pid` is playing (each exists from the episode's
-    start until it is graded, so while the driver counts it in flight)."""
-    root = Path(tempfile.gettempdir())
-    return [p for d in root.glob(f"c2-rollout-worker*-{pid}-*") for p in (d / "episodes").glob("*")]
+def _faulty_worker(faults: dict):
+    """A RolloutWorker whose (index, incarnation) in `faults`, once it holds episodes after
+    version 1 is published, fails its runner ("raise": the exchange then raises, as when its
+    engine fails), never answers ("hang"), or SIGKILLs its own process ("die"). Defined here, so
+    Ray ships it to the workers by value."""
+
+    class FaultyWorker(fleet.RolloutWorker):
+        def exchange(self, requests, published, hungry, wait_s=fleet.WAIT_S):
+            fault = faults.get((self.index, self.incarnation))
+            if fault and published >= 1 and (self._active or self._queue):
+                if fault == "raise":
+                    self._fail(RuntimeError("injected: the engine failed"))
+                elif fault == "hang":
+                    threading.Event().wait()
+                elif fault == "die":
+                    os.kill(os.getpid(), signal.SIGKILL)
+            return super().exchange(requests, published, hungry, wait_s)
+
+    return FaultyWorker
 
 
 @pytest.mark.slow
-def test_ray_fleet_survives_a_killed_worker(tmp_path, sandbox, ray_installed):
+def test_ray_fleet_survives_workers_that_raise_hang_and_die(
+    tmp_path, sandbox, ray_cluster, monkeypatch
+):
     steps, S = 4, 1
     c = _config(steps)
     r = c.rl
     r.rollout_backend, r.num_rollout_workers, r.max_staleness = "ray", 2, S
     r.weight_store_dtype = "float32"
+    r.ray_call_timeout_s = 15.0  # the hung worker's exchange is given up after this
+    faults = {(0, 0): "raise", (1, 0): "hang", (0, 1): "die"}
+    worker = _faulty_worker(faults)
+    monkeypatch.setattr(
+        fleet, "ray_launcher", functools.partial(fleet_ray.ray_launcher, worker=worker)
+    )
+    puts = []
+    real_put = fleet_ray.RayLauncher.put
+    monkeypatch.setattr(
+        fleet_ray.RayLauncher, "put", lambda self, blob: puts.append(blob) or real_put(self, blob)
+    )
     workdir = tmp_path / "rl"
-    killed: list[tuple[int, int]] = []  # (pid, episodes it was playing)
-
-    def kill_one_mid_episode_after_step_1():
-        deadline = time.time() + 900
-        while time.time() < deadline and not killed:
-            if (workdir / "metrics.jsonl").exists() and read_metrics(workdir / "metrics.jsonl"):
-                for pid in _worker_pids():
-                    playing = _live_episodes(pid)
-                    if playing:
-                        os.kill(pid, signal.SIGKILL)
-                        killed.append((pid, len(playing)))
-                        break
-            time.sleep(0.01)
-
-    killer = threading.Thread(target=kill_one_mid_episode_after_step_1, daemon=True)
-    killer.start()
     summary = trainer.run(c, workdir)
-    killer.join()
-    assert killed, "no worker was playing an episode after step 1"
     assert "gain" in summary
 
     metrics = read_metrics(workdir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
     last = metrics[-1]
-    assert last["fleet/worker_deaths"] == 1 and last["fleet/restarts"] == 1
-    # It died with episodes in flight, and the driver gave them to another worker.
-    assert killed[0][1] >= 1 and last["fleet/replayed"] >= 1
-    # The replacement joined, or is still building its engine (a loaded machine can finish the
-    # 4 steps on one worker first); it is never lost.
+    assert last["fleet/worker_errors"] == 1  # (0, 0) raised
+    assert last["fleet/worker_hangs"] == 1  # (1, 0) passed its deadline and was killed
+    assert last["fleet/worker_deaths"] == 1  # (0, 1) died
+    assert last["fleet/restarts"] == 3
+    # Each held episodes when it failed, and the driver gave them to another worker.
+    assert last["fleet/replayed"] >= 3
+    # The last replacements joined, or one is still building its engine (a loaded machine can
+    # finish the steps on one worker first); none is lost.
     assert last["fleet/workers"] + last["fleet/starting"] == 2
-    prompts = []
+    prompts, tasks = [], set()
     for s in range(1, steps + 1):
         records = read_rollouts(workdir / "rollouts" / f"step_{s:06d}.jsonl", with_routing=False)
         assert {x["trained_step"] for x in records} == {s}
@@ -88,7 +115,79 @@ def test_ray_fleet_survives_a_killed_worker(tmp_path, sandbox, ray_installed):
             if gen:  # bounded staleness, none ahead of the weights being trained
                 assert s - 1 - S <= min(gen) and max(gen) <= s - 1
         assert len(by_prompt) == r.prompts_per_step
+        # every group whole, no episode twice
         assert all(sorted(k) == list(range(r.group_size)) for k in by_prompt.values())
         prompts += sorted(by_prompt)
+        tasks |= {x["task_id"] for x in records}
     assert len(prompts) == len(set(prompts)) == steps * r.prompts_per_step  # each prompt once
+    # A task's files went to the object store once, however many workers played it.
+    assert len(puts) == len(set(puts)) and len(puts) >= len(tasks)
+    deadline = time.monotonic() + 60  # ray.kill is asynchronous: the processes exit shortly
+    while _worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _worker_pids() == []  # the fleet is gone with the run
+
+
+def test_a_worker_the_cluster_cannot_place_fails_naming_the_resource(tmp_path, ray_cluster):
+    ray = ray_cluster
+    from ray.util import placement_group, remove_placement_group
+
+    spec = fleet.WorkerSpec(
+        model=None, tokenizer="byte", rollout=RolloutConfig(), engine_args={"max_slots": 1},
+        weight_url="unused", seed=0, max_staleness=1,
+    )  # fmt: skip
+    # More GPUs than any node has: the fleet fails to start at once, naming them.
+    task = type("Task", (), {"task_id": "t", "root": tmp_path})
+    rollouts = fleet.RayRollouts(
+        fleet.ray_launcher(spec, num_cpus=1, num_gpus=4),
+        orchestrator.Scheduler(1, 1, 0), ["p0"],
+        lambda p, k: EpisodeRequest(task, p, f"g-{p}", k),
+        version=0, limit=1, weights=None, workers=1,
+    )  # fmt: skip
+    cpus = ray.cluster_resources()["CPU"]
+    with pytest.raises(RuntimeError) as e:
+        rollouts.start()
+    assert (
+        f"1 of 1 rollout workers failed to start: rollout worker 0 asks for "
+        f"{{'CPU': 1.0, 'GPU': 4.0}} but the cluster has at most {{'CPU': {cpus}, 'GPU': 0.0}}"
+    ) in str(e.value)
+    # Room on a node, but taken: the wait for it is bounded (config.rl.ray_place_timeout_s).
+    hog = placement_group([{"CPU": cpus}])
+    ray.get(hog.ready(), timeout=60)
+    try:
+        with pytest.raises(RuntimeError, match="could not place it within 2s") as e:
+            fleet.ray_launcher(spec, num_cpus=1, place_timeout_s=2.0)(1, 0)
+        assert "rollout worker 1 asks for {'CPU': 1.0}" in str(e.value)
+    finally:
+        remove_placement_group(hog)
+
+
+_SHIPPED = """
+import json, ray
+from c2.rl import fleet
+
+@ray.remote(num_cpus=0)
+def c2_file():
+    import c2
+    return c2.__file__
+
+ray.init(num_cpus=1, include_dashboard=False, runtime_env=fleet.runtime_env("ship", ""))
+print(json.dumps(ray.get(c2_file.remote(), timeout=300)))
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_shipped_workers_import_c2_from_the_package_ray_sent(tmp_path, ray_installed):
+    """runtime_env "ship" (what "auto" does for a remote cluster) on a cluster of its own: Ray
+    packs the c2 package within its limits, and a worker imports c2 from that copy, not from
+    this checkout (Ray uploads directories only for a job, so a process of its own)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SHIPPED], cwd=tmp_path, capture_output=True, text=True,
+        timeout=600, env=os.environ | {"RAY_ADDRESS": ""},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    path = Path(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert path.name == "__init__.py" and path.parent.name == "c2"
+    assert not path.is_relative_to(fleet_ray.c2_package_dir().parent)
+    assert "runtime_resources" in str(path)  # unpacked by Ray on the node

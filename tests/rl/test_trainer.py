@@ -15,7 +15,7 @@ from c2.rl.records import read_rollouts
 from c2.train.metrics import BACKEND_COMPILE_EVENT, read_metrics
 
 
-def _config(steps, store=""):
+def _config(steps, store="", rollout_mesh=""):
     c = rl_stage_defaults()
     c.name = "rl_test"
     o = c.model.overrides
@@ -31,6 +31,7 @@ def _config(steps, store=""):
     r.eval.tasks, r.eval.samples = 2, 2
     r.max_staleness = 0
     r.weight_store, r.weight_store_dtype, r.weight_store_full_every = store, "float32", 2
+    r.rollout_mesh = rollout_mesh
     return c
 
 
@@ -42,13 +43,15 @@ def _step_prompts(workdir, step):
 
 @pytest.mark.slow
 def test_killed_run_resumes_with_an_exact_ledger(tmp_path, sandbox):
-    workdir, store = tmp_path / "rl", tmp_path / "store"
-    first = trainer.run(_config(2, str(store)), workdir)
+    """Through the weight store, to engines on a mesh of their own (experts over 2 devices,
+    heads over 2: they read their layout's shards of each version)."""
+    workdir, store, mesh = tmp_path / "rl", tmp_path / "store", "expert=2,tensor=2"
+    first = trainer.run(_config(2, str(store), mesh), workdir)
     assert set(first["evaluations"]) == {"0", "2"}
     step2 = _step_prompts(workdir, 2)
     # A crash after step 2's rollouts were written but before its checkpoint:
     shutil.rmtree(workdir / "checkpoints" / "2")
-    summary = trainer.run(_config(3, str(store)), workdir)
+    summary = trainer.run(_config(3, str(store), mesh), workdir)
     assert _step_prompts(workdir, 2) == step2  # the lost step is played again, same prompts
     steps = [_step_prompts(workdir, s) for s in (1, 2, 3)]
     flat = [p for s in steps for p in s]
