@@ -15,10 +15,11 @@ Expected: held-out bits per byte of the code corpus falls log-linearly with comp
 Layout: expert parallelism 8 (48 of the 384 experts per shard), FSDP 32 over the rest; expert
 weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments take ~53 GB per GPU
 (tests/train/test_configs.py checks this without allocating anything). bf16/MXFP8 compute, fp32
-master weights, rematerialised layers, the Pallas MXFP8 kernels, 2 micro-batches. Memory per GPU
-(`python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py --compile_for b300 --grouped_gemm
-xla`, XLA:GPU device-less; BENCHMARKS.md): does not fit 141 GB (H200); 195-315 GB, so B300's
-288 GB is not settled.
+master weights, rematerialised layers, the Pallas MXFP8 kernels, 2 micro-batches. Memory per GPU,
+the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
+--config=experiments/cpt_kimi_k2.py --compile_for h200`, device-less): 242.7 GB (arguments 52.9,
+temporaries 189.8): it does not fit 141 GB. Context parallelism 4 (FSDP 8, 8 micro-batches) was
+worse (280 GB by XLA's rematerialisation pass).
 """
 
 from c2.train.config import stage_defaults

@@ -16,7 +16,10 @@ for parameters and Adam moments. YaRN factor 64 over Kimi-K2's original 4,096 po
 Attention is blockwise (c2/model/flash.py) with ring attention over the context axis
 (c2/model/ring.py): no [heads, T, S] scores; its fwd + bwd compiles to ~13.5 GiB of temporaries
 per GPU per layer (`python -m c2.bench.attention_memory --plan-256k`), where dense scores alone
-would need 2 TiB.
+would need 2 TiB. Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m
+c2.bench.plan --config=experiments/long_context_kimi_k2.py --compile_for h200`, device-less):
+230.0 GB (parameters + Adam 52.9, temporaries 177.2): it does not fit 141 GB. Context 32 (FSDP
+1, 8k tokens a GPU, 4 micro-batches) came to 180 GB by XLA's rematerialisation pass.
 """
 
 from c2.train.config import stage_defaults

@@ -1,19 +1,20 @@
 """The RL stage at real scale: Kimi-K2 (1.04T total, 33B active) trained by policy-gradient RL
-on software-engineering tasks (docs/recipe.md §2), laid out for 256 GPUs with expert parallelism
-8 and FSDP 32 (one 32k-token episode per GPU; the recipe's context parallelism 8 is the
-long-context config's layout).
+on software-engineering tasks (docs/recipe.md §2): the trainer on 256 GPUs (expert parallelism 8,
+FSDP 32, one 32k-token episode per GPU), the rollouts on a Ray fleet of 4 engines x 32 GPUs.
 
-Command (on a 256-GPU cluster, after experiments/sft_kimi_k2.py; tasks in /data/swe_tasks, one
-task directory each, held-out ones in /data/swe_tasks_heldout):
+Command (on the cluster's Ray head, after experiments/sft_kimi_k2.py; tasks in /data/swe_tasks,
+held-out ones in /data/swe_tasks_heldout, /data shared by every node):
     python -m c2.main --config=experiments/rl_kimi_k2.py --workdir=runs/rl_kimi_k2 --distributed
-It runs asynchronously at the default staleness bound S = 2 (`config.rl.max_staleness`: no
-trained token more than 2 versions older than the weights it updates), the engine in the
-trainer's processes (`rollout_backend` "local"; `--config.rl.rollout_backend=ray` moves the
-rollouts to a fleet, WORKSPACE.md).
+Asynchronous at the default staleness bound S = 2 (`config.rl.max_staleness`); bf16 weights
+reach the engines through the weight store.
 Runtime: 500 steps x 64 prompts x 16 samples; generation dominates: at 32k tokens per episode,
-about 5e8 generated tokens in all. Checked abstractly in tests/train/test_configs.py (layout and
-memory); per-GPU memory: `python -m c2.bench.plan --config=experiments/rl_kimi_k2.py
---compile_for b300 --grouped_gemm xla`.
+about 5e8 generated tokens in all.
+Memory per GPU (`python -m c2.bench.plan --config=experiments/rl_kimi_k2.py --compile_for h200`:
+every program compiled whole, device-less): each engine 93.9 GB of 141 (bf16 weights 72.3, KV
+cache of 64 slots x 32k 18.4, one layer's experts gathered 3.2), so an engine needs 32 GPUs,
+4 nodes of 8: one Ray worker per node cannot hold it (its placement group is one node). The
+trainer: 918.5 GB (parameters + Adam 52.9, the frozen reference 17.6, the RL update's temporaries
+847.8; each log-prob forward's 56): it does not fit 141 GB.
 Expected: held-out pass@1 rises with best-of-16 not falling (docs/recipe.md §2: average and
 best-of-K rose together); train/inference mismatch p99 stays small thanks to router replay.
 """
@@ -47,6 +48,8 @@ def get_config(arg=None):
     c.mesh.rules.expert_embed = "fsdp"
     c.mesh.rules.q_lora = "fsdp"
     c.mesh.rules.kv_lora = "fsdp"
+    # The engines' expert FFNs over their tensor axis (training has tensor 1: no change there).
+    c.mesh.rules.expert_mlp = "tensor"
     c.optimizer.lr = 1e-6
     c.optimizer.schedule = "constant"
     c.optimizer.warmup_steps = 10
@@ -68,6 +71,14 @@ def get_config(arg=None):
     c.rl.rollout.max_tokens = 32768
     c.rl.rollout.max_turn_tokens = 8192
     c.rl.rollout.max_turns = 100
+    # Rollouts on a Ray fleet beside the trainer: 4 engines of 32 GPUs (experts over 8, heads
+    # and expert FFNs over 4), bf16 weights through the store, 64 slots each.
+    c.rl.rollout_backend = "ray"
+    c.rl.ray_address = "auto"
+    c.rl.weight_store = "/data/runs/rl_kimi_k2/weight_store"
+    c.rl.num_rollout_workers = 4
+    c.rl.ray_worker_gpus = 1.0  # per device of rollout_mesh
+    c.rl.rollout_mesh = "expert=8,tensor=4"
     c.rl.rollout.engine_slots = 64
     c.rl.rollout.tool_workers = 64
     c.rl.rollout.run_timeout_s = 120.0

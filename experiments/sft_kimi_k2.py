@@ -8,6 +8,10 @@ Runtime: 500 steps x 256 x 32,768 tokens = 4.2B packed tokens at 3.26e11 FLOPs p
 1.4e21 FLOPs: about 4 hours on 256 H200 at 40% of the bf16 peak.
 Expected: held-out response bits per byte falls below the stage-2 model's; held-out code bits per
 byte rises by at most a few hundredths (targeted, small SFT).
+Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
+--config=experiments/sft_kimi_k2.py --compile_for h200`, device-less): 229.5 GB (parameters +
+Adam 52.9, temporaries 176.7; each expert exchange's result alone is 9.2 GB at 32k tokens a GPU):
+it does not fit 141 GB.
 """
 
 from c2.train.config import stage_defaults

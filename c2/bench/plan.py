@@ -1,69 +1,41 @@
-"""The per-device memory and compute plan of one training step, from XLA's own analyses.
+"""The per-device memory plan of each stage of a config, as it runs, from XLA's own analyses.
 
-    python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py [--device_memory_gb 141]
-    python -m c2.bench.plan --config=experiments/long_context_kimi_k2.py --device_memory_gb 288
-    python -m c2.bench.plan --config=experiments/rl_kimi_k2.py
+    python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py --compile_for h200
+    python -m c2.bench.plan --config=experiments/rl_kimi_k2.py --compile_for h200
+    python -m c2.bench.plan --config=experiments/cpt_tiny.py          (simulated CPU devices)
 
-Lowers and compiles one training step (loss, gradient, optimiser update, router-bias rule; the
-config's remat policy, optimiser, dtypes, quantisation, attention and expert-exchange choices) for
-the config's real mesh on simulated CPU devices (`--xla_force_host_platform_device_count` set to
-the mesh size before JAX starts), with abstract inputs only (`jax.ShapeDtypeStruct`: nothing is
-allocated). The model is reduced to a few layers at real widths (vocabulary, d_model, experts,
-heads): d0 = min(n_dense, 2) dense and m0 = min(n_moe, 2) MoE layers (plus the MTP module, which
-the real model has once), then one MoE layer more (and one dense layer more when the model has
-more than d0), so that a layer's increment is measured, not guessed. Every per-layer quantity is
-then scaled by the layer counts:
+Every program a stage runs is lowered and compiled whole, every layer of the real model (the
+layers are one scanned loop, so a whole-model compile costs about what one layer's does), for
+the config's mesh, with abstract inputs only (`jax.ShapeDtypeStruct` with their shardings:
+nothing is allocated), and read back with `memory_analysis()`; nothing is scaled or
+extrapolated. The stages (plan_stages.py):
+  - an LM stage (cpt, long_context, sft): the train step, its loss and micro-batches;
+  - an RL stage: the trainer (the reference's and the policy's log-prob forwards and the RL
+    update, the state they share counted once) and the rollout engine (its weights and KV cache
+    at `rl.rollout.engine_slots` slots of max(`rl.seq_buckets`) tokens on `rl.rollout_mesh`); a
+    local engine shares the trainer's devices, so its bytes are added to the trainer's;
+  - a pipeline (a config with `stages`): each of its stages.
+The JSON line printed last keeps `per_device_bytes` (the largest entry) and `fits` (every entry
+fits), and has one entry per stage and engine under `stages`; `not_fitting` names those that
+do not.
 
-    X(full) = X(d0, m0) + (n_moe - m0) [X(d0, m0+1) - X(d0, m0)]
-                        + (n_dense - d0) [X(d0+1, m0) - X(d0, m0)]
+Where it compiles: `--compile_for cpu` (default) on simulated CPU devices
+(`--xla_force_host_platform_device_count` set before JAX starts), tracing the GPU's code paths
+(`paths="gpu"`: `ragged_dot` experts, bf16 MXFP8 operands; the padded expert exchange, since
+XLA:CPU cannot compile `ragged_all_to_all`); its buffers are XLA:CPU's, an estimate of a GPU's.
+`--compile_for h200` (or b300) compiles device-less with XLA:GPU for a topology of that many
+GPUs (the CUDA PJRT plugin, the `gpu-compile` extra; no GPU): the GPU's own ops, buffer
+assignment, scheduling and rematerialisation: the verdict for a cluster.
 
-(X(d, m): the step compiled with d dense and m MoE layers). Two layers, not one: XLA removes a
-layer loop of one trip, and in the straight-line code that is left the recomputation of a
-`jax.checkpoint(prevent_cse=False)` layer is merged with its forward, so remat is lost; a group
-the real model has once (Kimi-K2's one dense layer) is measured as it is. The layer loop is
-traced rolled, as on the GPU (`as_backend("gpu")`; XLA:CPU runs unroll it, with the same loss of
-remat).
+The expert grouped matmul: XLA:CPU lowers `ragged_dot` to a dense [G, M, N] product masked per
+group, and XLA:GPU's is no grouped GEMM either (a 1.7 TB working set at Kimi-K2's layout), so by
+default (`--grouped_gemm standin`) the plan compiles a stand-in with a GPU grouped GEMM's
+buffers and FLOPs (plan_compile.grouped_gemm_standin: every operand and result shape and dtype
+kept, no buffer larger than an operand or a result; the values are not the real op's;
+`tests/bench/test_plan_standin.py`). Training never enters it.
 
-for the temporary bytes (activations kept for the backward pass plus the working set), the FLOPs
-and the collectives. Parameter and optimiser bytes are exact from the full model's shard shapes.
-Per-device total = parameters + optimiser state + batch + temporaries (outputs alias the donated
-state). The activation share is the per-layer increment times the layer count (what remat keeps);
-the remainder of the temporaries is the step's working set (one layer's recomputation, logits,
-loss, gradient buffers).
-
-The RL config is planned as its training micro-batch (`rl.micro_batch_size` sequences of the
-longest `rl.seq_buckets` length) under the language-model loss: the policy-gradient loss has the
-same forward/backward and a few [B, T] arrays more.
-
-The expert grouped matmul: XLA:CPU lowers `ragged_dot` / `ragged_dot_general` to a dense
-[G, M, N] product masked per group (G = 48 local experts at Kimi-K2's layout: 840 GiB for one
-[48, 655360, 7168] float32 array), buffers and FLOPs a GPU grouped GEMM never has; compiled as
-it is, the reduced CPT step reads 5.3 TB of temporaries. So the plan (and only the plan: training
-never enters `grouped_gemm_standin`) compiles a stand-in for it (`--grouped_gemm standin`, the
-default; `xla` keeps the CPU lowering):
-  - preserved: every operand and result shape and dtype (forward y [M, N] in x's dtype; backward
-    dx [M, K], dw [G, K, N] in w's dtype; MXFP8: the quantise/dequantise of every operand, which
-    is real work, stays as it is); the FLOPs of a grouped GEMM over M rows, 2 M K N per GEMM
-    (forward, input gradient, weight gradient), plus G K N adds; no buffer larger than an
-    operand or a result.
-  - not preserved: the values. The forward multiplies x by the sum of the groups' weights, the
-    weight gradient is x^T dy broadcast to every group; the rows are not split by group.
-`tests/bench/test_plan_standin.py` checks shapes, dtypes and cost_analysis FLOPs against the real
-op (one group, where XLA:CPU's ragged_dot is the dense GEMM). The whole-model comparison in
-`tests/bench/test_plan.py` compiles both sides with the stand-in: it checks the layer scaling,
-which must hold for whatever the grouped matmul compiles to, and without the stand-in the small
-model's temporaries would be mostly the CPU's expansion.
-
-CPU compilation stands in for the GPU's: the buffer assignment and fusion differ (XLA:CPU keeps
-some elementwise intermediates of the MXFP8 quantise that a GPU fusion would not), the CPU runs
-the padded expert exchange, so the numbers are an estimate, not a measurement on the GPU.
-`--compile_for h200` (or b300) compiles the same reduced steps with XLA:GPU instead, device-less,
-for a topology of that many GPUs (the CUDA PJRT plugin: `pip install -e ".[gpu-compile]"`; no
-GPU): the GPU's own ops, buffer assignment and scheduling, but no cost analysis (FLOPs None).
-The last line printed is JSON with `per_device_bytes` and `fits`.
-
-Compiling and measuring one step (the GPU targets, the stand-in, the two compiles): plan_compile.py;
-here, the layer scaling, the per-device report and the CLI.
+FLOPs per device are analytic (`c2.model.flops_per_token`; XLA counts a loop's body once); the
+collectives are those in the compiled program's text (a layer loop's body once).
 """
 
 from __future__ import annotations
@@ -75,29 +47,26 @@ import os
 import re
 import sys
 
-# Compiling and measuring one step lives in plan_compile.py; its names stay importable from here.
+# Compiling a step lives in plan_compile.py, each stage in plan_stages.py; names importable here.
 from c2.bench.plan_compile import (  # noqa: F401
     COLLECTIVES,
     GPU_TARGETS,
     GROUPED_GEMM,
-    Measured,
     _grouped_gemm,
-    _tree_bytes,
     abstract_state,
     collectives,
     compile_step,
     gpu_devices,
     grouped_gemm_standin,
-    measure,
-    reduced,
-    unrolled_layers,
 )
 
 
 def _mesh_size(config) -> int:
+    """The devices the config's mesh names; 0 where an axis is -1 (the devices left over)."""
     from c2.train.config import MESH_AXES
 
-    return math.prod(int(config.mesh[a]) for a in MESH_AXES)
+    sizes = [int(config.mesh[a]) for a in MESH_AXES]
+    return math.prod(sizes) if min(sizes) > 0 else 0
 
 
 def _is_rl(config) -> bool:
@@ -105,178 +74,160 @@ def _is_rl(config) -> bool:
 
 
 def stage_shapes(config):
-    """(stage config the LM trainer understands, global batch, sequence length)."""
+    """(stage config the LM trainer understands, global batch, sequence length): an RL
+    config's trainer micro-batch (rows of its longest bucket)."""
     if _is_rl(config):
-        from c2.rl.config import _without_rl
+        from c2.rl.config import lm_part
 
-        base = _without_rl(config)
+        base = lm_part(config)
         return base, int(config.rl.micro_batch_size), int(max(config.rl.seq_buckets))
     return config, int(config.data.batch_size), int(config.data.seq_len)
+
+
+def stage_configs(config) -> dict:
+    """name -> stage config: a pipeline's stages in `stage_order` (c2.pipeline, which bench
+    may not import), else the config itself."""
+    if "stages" in config:
+        return {name: config.stages[name] for name in config.stage_order}
+    return {config.name: config}
+
+
+def devices_needed(config) -> int:
+    """The most devices any stage's mesh (or an RL stage's rollout mesh) names (0: a mesh
+    that takes whatever devices there are)."""
+    from c2 import sharding
+
+    n = 0
+    for stage in stage_configs(config).values():
+        n = max(n, _mesh_size(stage_shapes(stage)[0]))
+        if _is_rl(stage):
+            n = max(n, math.prod(sharding.parse_mesh(stage.rl.rollout_mesh).values()))
+    return n
+
+
+def _stage_mesh(mesh_sizes: dict, compile_for: str):
+    import jax
+
+    from c2 import sharding
+
+    n = math.prod(mesh_sizes.values())
+    if compile_for != "cpu":
+        return sharding.make_mesh(**mesh_sizes, devices=gpu_devices(compile_for, n))
+    if jax.device_count() < n:
+        raise RuntimeError(
+            f"the mesh {mesh_sizes} needs {n} devices, JAX has {jax.device_count()}: run "
+            "`python -m c2.bench.plan` (it sets the simulated device count before JAX starts)"
+        )
+    return sharding.make_mesh(**mesh_sizes, devices=jax.devices()[:n])
+
+
+def plan_stage(name, config, *, device_memory_gb, compile_for, log=print) -> list[dict]:
+    """The entries of one stage: an LM stage's train step; an RL stage's trainer and engine."""
+    import jax
+
+    from c2 import sharding
+    from c2.bench import plan_stages
+    from c2.train import lm
+    from c2.train.config import sharding_rules
+
+    base, batch, seq = stage_shapes(config)
+    # An axis of size 0 takes the devices left: then the mesh spans every device JAX has.
+    n_dev = _mesh_size(base) or jax.device_count()
+    mesh_sizes, cfg = lm.validate(base, n_dev, load_files=False)
+    mesh = _stage_mesh(mesh_sizes, compile_for)
+    log(
+        f"stage {name}: mesh {mesh_sizes}, {cfg.first_k_dense} dense + {cfg.n_moe_layers} MoE "
+        f"layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, quant {cfg.quant}, "
+        f"loss_chunk_tokens {base.train.loss_chunk_tokens}, compiled for {compile_for}"
+    )
+    if not _is_rl(config):
+        log(f"  train step: batch {batch} x {seq} tokens, micro_batches {base.train.micro_batches}")
+        return [plan_stages.plan_lm(name, cfg, base, mesh, batch, seq, device_memory_gb)]
+    layout = sharding.Layout(mesh, sharding_rules(base))
+    engine = plan_stages.plan_engine(f"{name}/engine", config, cfg, device_memory_gb)
+    trainer = plan_stages.plan_rl_trainer(f"{name}/trainer", config, cfg, layout, device_memory_gb)
+    if config.rl.rollout_backend == "local":
+        # The local engine decodes in a background thread while the update runs, on the
+        # trainer's devices: both are resident at once.
+        parts = dict(
+            trainer["bytes"], **{"rollout engine (same devices)": engine["per_device_bytes"]}
+        )
+        trainer = {
+            **trainer,
+            **plan_stages.entry(trainer["stage"], trainer["devices"], parts, device_memory_gb),
+        }
+    return [trainer, engine]
 
 
 def plan(
     config,
     *,
     device_memory_gb: float = 141.0,
-    mesh=None,
     paths: str | None = "gpu",
     grouped_gemm: str = "standin",
     compile_for: str = "cpu",
     log=print,
 ) -> dict:
-    """The per-device plan of one training step of `config` (see the module docstring).
+    """The per-device plan of every stage of `config` (see the module docstring).
 
-    `paths`: the backend whose code paths are traced (c2.quant.target): "gpu" (default) compiles
-    the GPU's layout on the CPU devices (`ragged_dot` experts, bf16 MXFP8 operands; the padded
-    expert exchange, since XLA:CPU cannot compile `ragged_all_to_all`); None keeps the CPU's.
-    `grouped_gemm`: "standin" (default) compiles the expert grouped matmuls as
-    `grouped_gemm_standin`'s ops, "xla" as XLA lowers them (on the CPU: dense [G, M, N]
-    expansions).
+    `paths`: the backend whose code paths are traced on CPU devices (c2.quant.target): "gpu"
+    (default) or None (the CPU's own). `grouped_gemm`: "standin" (default) or "xla".
     `compile_for`: "cpu" (simulated CPU devices), or a GPU of GPU_TARGETS ("h200", "b300"):
-    XLA:GPU compiles the step device-less for that many such GPUs (`gpu_devices`), with the GPU's
-    code paths and ops (`c2.quant.target.compiling_for`; `paths` is then ignored). Its memory
-    analysis is the GPU's own; it has no cost analysis, so the FLOPs are None.
+    XLA:GPU compiles device-less for that many such GPUs (`gpu_devices`; `paths` is ignored).
     """
     if grouped_gemm not in GROUPED_GEMM:
         raise ValueError(f"grouped_gemm={grouped_gemm!r}: expected one of {GROUPED_GEMM}")
-    import jax
-
     from c2.quant import target
-    from c2.train import lm
 
-    stage, batch, seq = stage_shapes(config)
-    n_dev = _mesh_size(stage)
-    mesh_sizes, cfg = lm.validate(stage, n_dev, load_files=False)
-    on_gpu = compile_for != "cpu"
-    if mesh is None and on_gpu:
-        from c2 import sharding
-
-        mesh = sharding.make_mesh(**mesh_sizes, devices=gpu_devices(compile_for, n_dev))
-    if mesh is None:
-        if jax.device_count() < n_dev:
-            raise RuntimeError(
-                f"the mesh needs {n_dev} devices, JAX has {jax.device_count()}: run "
-                "`python -m c2.bench.plan` (it sets the simulated device count before JAX starts)"
+    on_target = target.compiling_for("gpu") if compile_for != "cpu" else target.as_backend(paths)
+    entries = []
+    with on_target, _grouped_gemm(grouped_gemm):
+        for name, stage in stage_configs(config).items():
+            entries += plan_stage(
+                name, stage, device_memory_gb=device_memory_gb, compile_for=compile_for, log=log
             )
-        mesh = lm.make_mesh(mesh_sizes) if jax.device_count() == n_dev else None
-        if mesh is None:
-            from c2 import sharding
-
-            mesh = sharding.make_mesh(**mesh_sizes, devices=jax.devices()[:n_dev])
-    n_dense, n_moe = cfg.first_k_dense, cfg.n_moe_layers
-    # Each layer group is measured at >= 2 layers when the model has that many: XLA simplifies a
-    # one-trip layer loop away, and the straight-line code then loses remat (see module doc).
-    base_d, base_m = min(n_dense, 2), min(n_moe, 2)
-    log(
-        f"config {stage.name}: mesh {mesh_sizes}, batch {batch} x {seq} tokens, "
-        f"{n_dense} dense + {n_moe} MoE layers, mtp_depth {cfg.mtp_depth}, remat {cfg.remat}, "
-        f"quant {cfg.quant}, attention {getattr(cfg, 'attention_impl', 'xla')}, grouped GEMM "
-        f"{grouped_gemm}, loss_chunk_tokens {stage.train.loss_chunk_tokens}, micro_batches "
-        f"{stage.train.micro_batches}, compiled for {compile_for}"
-    )
-    runs = {}
-    variants = [(base_d, base_m)]
-    if n_moe > base_m:
-        variants.append((base_d, base_m + 1))
-    if n_dense > base_d:
-        variants.append((base_d + 1, base_m))
-    for nd, nm in variants:
-        on_target = target.compiling_for("gpu") if on_gpu else target.as_backend(paths)
-        with on_target, _grouped_gemm(grouped_gemm):
-            m = measure(reduced(cfg, nd, nm), stage, mesh, batch, seq)
-        runs[(nd, nm)] = m
-        log(
-            f"  compiled {nd} dense + {nm} MoE in {m.compile_s:.0f}s: args {m.argument / 1e9:.2f} "
-            f"GB, temp {m.temp / 1e9:.2f} GB, {m.flops:.3e} FLOPs"
-        )
-    base = runs[(base_d, base_m)]
-    zero = {
-        "temp": 0,
-        "flops": 0.0,
-        "collectives": {k: {"count": 0, "bytes": 0} for k in COLLECTIVES},
-    }
-    d_moe = runs[(base_d, base_m + 1)].minus(base) if n_moe > base_m else zero
-    d_dense = runs[(base_d + 1, base_m)].minus(base) if n_dense > base_d else zero
-    k_moe, k_dense = n_moe - base_m, n_dense - base_d
-
-    def scaled(key):
-        return getattr(base, key) + k_moe * d_moe[key] + k_dense * d_dense[key]
-
-    temp, flops = scaled("temp"), scaled("flops")
-    colls = {
-        k: {
-            f: max(
-                base.collectives[k][f]
-                + k_moe * d_moe["collectives"][k][f]
-                + k_dense * d_dense["collectives"][k][f],
-                0,
-            )
-            for f in ("count", "bytes")
-        }
-        for k in COLLECTIVES
-    }
-    params, opt, _, _ = abstract_state(cfg, stage, mesh)
-    param_bytes, opt_bytes = _tree_bytes(params), _tree_bytes(opt)
-    rparams, ropt, _, _ = abstract_state(reduced(cfg, base_d, base_m), stage, mesh)
-    batch_bytes = base.argument - _tree_bytes(rparams) - _tree_bytes(ropt)
-    # What remat keeps across layers: each layer's temp increment, times the layers.
-    activations = max(
-        (n_moe * d_moe["temp"] if n_moe > base_m else 0)
-        + (n_dense * d_dense["temp"] if n_dense > base_d else 0),
-        0,
-    )
-    working = temp - activations
-    # Outputs alias the donated params/optimiser state; whatever is not aliased is extra.
-    unaliased_out = max(base.output - base.alias, 0)
-    total = param_bytes + opt_bytes + batch_bytes + unaliased_out + temp
-    limit = device_memory_gb * 1e9
-    rows = [
-        ("parameters", param_bytes),
-        ("optimiser state", opt_bytes),
-        ("batch", batch_bytes),
-        ("activations kept (per-layer increment x layers)", activations),
-        ("working set (rest of the temporaries)", working),
-        ("outputs not aliased", unaliased_out),
-        ("total per device", total),
-    ]
-    log(f"\nper-device plan ({n_dev} devices, {n_dense} dense + {n_moe} MoE layers):")
-    for name, b in rows:
-        log(f"  {name:<50} {b / 1e9:10.2f} GB")
-    log(f"  per-MoE-layer temp increment {d_moe['temp'] / 1e9:.3f} GB, FLOPs {d_moe['flops']:.3e}")
-    tokens = batch * seq / n_dev
-    log(f"  FLOPs per device per step {flops:.3e} ({flops / tokens:.3e} per token on the device)")
-    log("  collectives per step (count, result GB):")
-    for k, v in colls.items():
-        log(f"    {k:<20} {v['count']:6d} {v['bytes'] / 1e9:10.2f}")
-    fits = total <= limit
-    log(f"  fits {device_memory_gb:g} GB: {fits} ({total / limit:.0%} of it)")
-    return {
-        "config": stage.name,
-        "devices": n_dev,
-        "mesh": mesh_sizes,
-        "batch": batch,
-        "seq_len": seq,
-        "remat": cfg.remat,
-        "attention_impl": getattr(cfg, "attention_impl", "xla"),
-        "paths": "gpu" if on_gpu else (paths or "native"),
+    return summary(config.name, entries, device_memory_gb, log=log) | {
         "compile_for": compile_for,
+        "paths": "gpu" if compile_for != "cpu" else (paths or "native"),
         "grouped_gemm": grouped_gemm,
-        "loss_chunk_tokens": int(stage.train.loss_chunk_tokens),
-        "micro_batches": int(stage.train.micro_batches),
-        "param_bytes": param_bytes,
-        "optimizer_bytes": opt_bytes,
-        "batch_bytes": batch_bytes,
-        "activation_bytes": activations,
-        "temp_bytes": temp,
-        "working_bytes": working,
-        "per_device_bytes": total,
+    }
+
+
+def summary(name: str, entries: list[dict], device_memory_gb: float, log=print) -> dict:
+    """The plan's JSON from its entries, each judged against `device_memory_gb` per device."""
+    from c2.bench.plan_stages import entry
+
+    entries = [
+        entry(e["stage"], e["devices"], e["bytes"], device_memory_gb)
+        | {k: v for k, v in e.items() if k not in ("fits", "device_memory_gb")}
+        for e in entries
+    ]
+    for e in entries:
+        log(f"\n{e['stage']} ({e['devices']} devices):")
+        for part, b in e["bytes"].items():
+            log(f"  {part:<60} {b / 1e9:10.2f} GB")
+        verdict = "fits" if e["fits"] else "DOES NOT FIT"
+        log(
+            f"  {'total per device':<60} {e['per_device_bytes'] / 1e9:10.2f} GB: {verdict} "
+            f"{device_memory_gb:g} GB ({e['per_device_bytes'] / (device_memory_gb * 1e9):.0%})"
+        )
+    not_fitting = [e["stage"] for e in entries if not e["fits"]]
+    if not_fitting:
+        log(f"does not fit {device_memory_gb:g} GB per device: {', '.join(not_fitting)}")
+    first = entries[0]
+    return {
+        "config": name,
         "device_memory_gb": device_memory_gb,
-        "fits": fits,
-        "flops_per_device": _finite(flops),
-        "moe_layer_temp_bytes": d_moe["temp"],
-        "moe_layer_flops": _finite(d_moe["flops"]),
-        "collectives": colls,
-        "compile_s": sum(m.compile_s for m in runs.values()),
+        "per_device_bytes": max(e["per_device_bytes"] for e in entries),
+        "fits": not not_fitting,
+        "not_fitting": not_fitting,
+        "stages": {e["stage"]: e for e in entries},
+        # The first stage's breakdown, as the plan reported it before it had stages.
+        "devices": first["devices"],
+        "param_bytes": first["bytes"]["parameters"],
+        "optimizer_bytes": first["bytes"]["optimiser state"],
+        "flops_per_device": _finite(first.get("flops_per_device", float("nan"))),
+        "compile_s": sum(e.get("compile_s", 0.0) for e in entries),
     }
 
 
@@ -354,8 +305,8 @@ def main(argv=None) -> dict:
         config.train.loss_chunk_tokens = args.loss_chunk_tokens
     if args.micro_batches is not None:
         config.train.micro_batches = args.micro_batches
-    if args.compile_for == "cpu":
-        _ensure_devices(_mesh_size(stage_shapes(config)[0]))
+    if args.compile_for == "cpu" and devices_needed(config):
+        _ensure_devices(devices_needed(config))
     memory_gb = args.device_memory_gb or GPU_TARGETS.get(args.compile_for, {}).get(
         "memory_gb", 141.0
     )

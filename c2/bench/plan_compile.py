@@ -1,19 +1,13 @@
-"""One training step compiled and measured for the plan (c2.bench.plan): memory, FLOPs, collectives.
-
-`measure` compiles the step of a (reduced) model twice, on whatever devices the mesh holds:
-simulated CPU devices, or device-less GPUs of GPU_TARGETS (`gpu_devices`), the layer loops rolled
-for the memory analysis and unrolled for the cost analysis and the collectives in the HLO. While
-`grouped_gemm_standin` is active, the expert grouped matmuls compile as stand-ins with a GPU
-grouped GEMM's buffers and FLOPs (why: plan.py's module docstring).
+"""Compiling a step for the plan (c2.bench.plan): the device-less GPU targets (`gpu_devices`), the
+grouped-GEMM stand-in (why: plan.py's module docstring), the sharded abstract state, the LM
+train step lowered from abstract inputs, and the collectives in a compiled program's text.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import re
-import time
 
 GROUPED_GEMM = ("standin", "xla")
 
@@ -221,40 +215,6 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-@dataclasses.dataclass
-class Measured:
-    """What one compile of the step reports, per device."""
-
-    argument: int
-    output: int
-    alias: int
-    temp: int
-    flops: float
-    collectives: dict
-    compile_s: float
-
-    def minus(self, other: Measured) -> dict:
-        return {
-            "temp": self.temp - other.temp,
-            "flops": self.flops - other.flops,
-            "collectives": {
-                k: {f: self.collectives[k][f] - other.collectives[k][f] for f in ("count", "bytes")}
-                for k in COLLECTIVES
-            },
-        }
-
-
-def _tree_bytes(tree) -> int:
-    import jax
-    import jax.numpy as jnp
-
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
-        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
-    return total
-
-
 def abstract_state(cfg, config, mesh):
     """Sharded abstract params and optimiser state of `cfg` (nothing allocated)."""
     import jax
@@ -322,47 +282,3 @@ def compile_step(cfg, config, mesh, batch: int, seq: int):
     rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rep)
     step = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)
     return jitted.lower(params, opt, rng, step, data).compile()
-
-
-@contextlib.contextmanager
-def unrolled_layers():
-    """While active (tracing for the plan only), the layer scans are unrolled: XLA's
-    cost_analysis counts a while loop's body once, whatever its trip count, so FLOPs and the
-    collectives in the HLO are read from a compile in which every layer is its own code."""
-    from c2.model import transformer
-
-    rolled = transformer._unroll_layers
-    transformer._unroll_layers = lambda: True
-    try:
-        yield
-    finally:
-        transformer._unroll_layers = rolled
-
-
-def measure(cfg, config, mesh, batch: int, seq: int) -> Measured:
-    """Two compiles of the step: the layer loops rolled, as on the GPU, for the memory (remat
-    holds only there); unrolled for the FLOPs and collectives. Unrolled, XLA merges remat's
-    recomputed forward with the forward, so those FLOPs leave out the recomputation (one
-    forward per rematerialised layer)."""
-    t0 = time.perf_counter()
-    mem = compile_step(cfg, config, mesh, batch, seq).memory_analysis()
-    with unrolled_layers():
-        compiled = compile_step(cfg, config, mesh, batch, seq)
-    dt = time.perf_counter() - t0
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
-    return Measured(
-        argument=int(mem.argument_size_in_bytes),
-        output=int(mem.output_size_in_bytes),
-        alias=int(mem.alias_size_in_bytes),
-        temp=int(mem.temp_size_in_bytes),
-        # A device-less GPU executable has no cost analysis (the CPU plan has the FLOPs).
-        flops=float(cost.get("flops", 0.0)) if cost else float("nan"),
-        collectives=collectives(compiled.as_text()),
-        compile_s=dt,
-    )
-
-
-def reduced(cfg, n_dense: int, n_moe: int):
-    """`cfg` with n_dense dense and n_moe MoE layers (at most what the model has)."""
-    return cfg.replace(n_layers=n_dense + n_moe, first_k_dense=n_dense)
