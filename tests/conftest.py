@@ -2,8 +2,10 @@
 jax is imported anywhere. A pytest-xdist worker that dies in native code has its test run once
 more in a fresh worker, with the dead worker's stacks printed (see `pytest_handlecrashitem`)."""
 
+import collections
 import faulthandler
 import os
+import re
 from pathlib import Path
 
 os.environ["XLA_FLAGS"] = (
@@ -24,12 +26,37 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
+    _slowest_modules_first(items)
     if jax.default_backend() == "gpu":
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+# The xdist schedule (`make test`: -n 2 --dist worksteal): the modules whose tests took longest in
+# the last CI run go first, so that a run ends on short tests on both workers instead of one
+# worker running a 4-minute test alone; worksteal hands a worker that runs dry the back half of
+# the other's queue. A module's tests stay together and in order (its module fixtures are built
+# once per worker); modules not in the file keep their order after the known ones. The file holds
+# the `slowest durations` lines of a CI log (`--durations`), pasted as pytest prints them.
+DURATIONS = Path(__file__).parent / "durations.txt"
+_DURATION_LINE = re.compile(r"^\s*([0-9.]+)s\s+(?:setup|call|teardown)\s+(\S+)")
+
+
+def known_seconds(text: str) -> dict[str, float]:
+    """Seconds per test module in `--durations` lines (setup, call and teardown summed)."""
+    seconds = collections.Counter()
+    for line in text.splitlines():
+        if m := _DURATION_LINE.match(line):
+            seconds[m[2].split("::")[0]] += float(m[1])
+    return dict(seconds)
+
+
+def _slowest_modules_first(items) -> None:
+    seconds = known_seconds(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))  # stable
 
 
 # A worker killed by a signal. jaxlib 0.10's XLA:CPU registers its JIT-compiled kernels' unwind

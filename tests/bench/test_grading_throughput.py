@@ -1,10 +1,10 @@
 """c2.bench.grading_throughput: every task graded by each revision under both graders."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
+from _support import skip_or_fail
 
 from c2.bench import grading_throughput
 from c2.envs.sandbox import Sandbox
@@ -14,10 +14,10 @@ from c2.envs.sandbox import Sandbox
 def sandbox_ok():
     sb = Sandbox()
     if not sb.isolated:
-        why = f"grading needs bubblewrap namespaces; this machine has {sb.isolation.describe()}"
-        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+        skip_or_fail(
+            f"grading needs bubblewrap namespaces; this machine has {sb.isolation.describe()}",
+            "sandbox isolation",
+        )
 
 
 def test_each_revision_grades_every_oracle_under_both_graders(sandbox_ok, tmp_path):

@@ -1,28 +1,20 @@
 """Fixtures for the environment tests: one sandbox for the session and fresh workspaces.
 
 Without bubblewrap namespaces the tests that need them skip on a developer's machine, but fail
-in CI (the `CI` environment variable, which CI services set): there a missing sandbox must not
-quietly remove the tests that check containment.
+in CI (tests/_support.py's skip_or_fail): there a missing sandbox must not quietly remove the
+tests that check containment.
 """
 
-import os
-
 import pytest
+from _support import skip_or_fail
 
 from c2.envs.isolation import probe
 from c2.envs.sandbox import Sandbox, SandboxLimits
 
 
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
 def _missing_isolation(what: str) -> None:
     """Skip locally; fail in CI, naming what is missing and what this machine has."""
-    msg = f"{what}; this machine has {probe().describe()}"
-    if in_ci():
-        pytest.fail(f"CI={os.environ['CI']} expects sandbox isolation: {msg}", pytrace=False)
-    pytest.skip(msg)
+    skip_or_fail(f"{what}; this machine has {probe().describe()}", "sandbox isolation")
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from _support import skip_or_fail
 
 from c2.envs.agents import noop_policy, oracle_policy
 from c2.envs.container import (
@@ -158,11 +159,8 @@ BASE, WHY = _base()
 @pytest.fixture
 def engine():
     """Skip without podman or a base image; fail instead under CI=true."""
-    if WHY is None:
-        return
-    if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-        pytest.fail(f"CI={os.environ['CI']} expects the container backend: {WHY}", pytrace=False)
-    pytest.skip(f"container backend: {WHY}")
+    if WHY is not None:
+        skip_or_fail(f"container backend: {WHY}", "the container backend")
 
 
 needs_engine = pytest.mark.usefixtures("engine")

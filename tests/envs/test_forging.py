@@ -14,13 +14,13 @@ pytest) once; where either is missing they skip, saying which, and under CI=true
 """
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import psutil
 import pytest
+from _support import skip_or_fail
 
 from c2.envs import functions as fn
 from c2.envs.agents import ScriptedPolicy, tool_call
@@ -68,9 +68,7 @@ def backend(request):
         return
     image, why = _python_image()
     if why is not None:
-        if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
-            pytest.fail(f"CI={os.environ['CI']} expects the container backend: {why}")
-        pytest.skip(f"container backend: {why}")
+        skip_or_fail(f"container backend: {why}", "the container backend")
     sb = ContainerSandbox(image, limits=SandboxLimits(timeout_s=30, memory_mb=512))
     yield sb
     sb.close()

@@ -1,25 +1,12 @@
 """Shared fixtures of the evaluation tests.
 
 Tests that play episodes need what their tasks run in (bubblewrap namespaces, a container
-engine): without it they skip on a developer's machine but fail in CI (the `CI` environment
-variable, which CI services set), as tests/envs/conftest.py does for the sandbox: there a missing
-backend must not quietly remove the tests that check the runner.
+engine): without it they skip on a developer's machine but fail in CI (tests/_support.py's
+skip_or_fail): there a missing backend must not quietly remove the tests that check the runner.
 """
 
-import os
-
 import pytest
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
-def missing(what: str) -> None:
-    """Skip locally; fail in CI, naming what is missing."""
-    if in_ci():
-        pytest.fail(f"CI={os.environ['CI']} expects it: {what}", pytrace=False)
-    pytest.skip(what)
+from _support import skip_or_fail as missing
 
 
 @pytest.fixture(scope="session")

@@ -130,13 +130,16 @@ def test_ragged_dispatch_equals_dense():
 
 
 MESHES = [dict(data=2, expert=2, context=2), dict(fsdp=2, expert=4)]
+# A stack of 2 MoE layers (Kimi-K2 also its dense layer and MTP block): the CPU unrolls the layers,
+# so the presets' 3 and 4 MoE layers would only compile the same layer again.
+SHARDED_LAYERS = {"tiny_kimi_k2": 3, "tiny_qwen3_moe": 2}
 
 
 @pytest.mark.parametrize("name", ["tiny_kimi_k2", "tiny_qwen3_moe"])
 @pytest.mark.parametrize("shape", MESHES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()))
 def test_sharded_equals_single_device(name, shape):
     """Expert, context, fsdp and data parallel forward+backward equal the 1-device result."""
-    c, p, toks = _setup(name, batch=8)
+    c, p, toks = _setup(name, batch=8, n_layers=SHARDED_LAYERS[name])
     seg = jnp.ones((8, 16), jnp.int32).at[:, 10:].set(2)  # two packed documents per row
 
     def loss(p, toks, mesh):
@@ -403,7 +406,8 @@ def test_tiled_grouped_mlp_mxfp8_equals_mxfp8_ragged_dot():
 def test_bf16_decode_runs_batched_and_tracks_the_full_forward():
     """bf16 compute: batched prefill + decode works on every backend (XLA:CPU has no bf16 x bf16
     -> f32 dot) and stays within bf16 rounding of the full forward."""
-    c = model.presets.get("tiny_kimi_k2", dtype="bfloat16")
+    # one dense and one MoE layer: every kind of bf16 dot (the CPU unrolls, and compiles, layers)
+    c = model.presets.get("tiny_kimi_k2", dtype="bfloat16", n_layers=2)
     p = model.init_params(c, jax.random.key(0))
     toks = jax.random.randint(jax.random.key(1), (3, 10), 0, c.vocab_size, jnp.int32)
     full, _ = model.forward(p, toks, c)

@@ -1,28 +1,16 @@
 """Fixtures shared by the RL tests: the agent chat rendering and a namespace sandbox.
 
 Without bubblewrap namespaces (or another piece the RL tests need, such as Ray) the tests that
-need it skip on a developer's machine but fail in CI (the `CI` environment variable, as in
-tests/envs/conftest.py): there a missing sandbox must not quietly remove the RL stage's tests.
+need it skip on a developer's machine but fail in CI (tests/_support.py's skip_or_fail): there a
+missing sandbox must not quietly remove the RL stage's tests.
 """
 
-import os
-
 import pytest
+from _support import skip_or_fail
 
 from c2.data.chat import AgentChat
 from c2.data.tokenizer import ByteTokenizer
 from c2.envs.sandbox import Sandbox
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
-
-
-def skip_or_fail(msg: str) -> None:
-    """Skip locally; fail in CI, naming what is missing."""
-    if in_ci():
-        pytest.fail(f"CI={os.environ['CI']} expects it: {msg}", pytrace=False)
-    pytest.skip(msg)
 
 
 @pytest.fixture(scope="module")
