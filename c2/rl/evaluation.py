@@ -5,19 +5,27 @@ Per task i with c_i of K samples correct: pass@1_i = c_i / K and best-of-K_i = p
 independent units; samples of one task are not) is the Wilson interval (c2.passk), which stays
 inside [0, 1] and keeps a width at 0 and 1. `compare` gives the paired difference of two
 evaluations of the same tasks (RL start vs now), with the normal interval
-mean +- 1.96 * sd / sqrt(n_tasks) of a difference in [-1, 1].
+mean +- 1.96 * sd / sqrt(n_tasks) of a difference in [-1, 1]. The RL run's evaluations:
+`run_heldout` (DIR/rollouts/eval_NNNNNN.jsonl, DIR/eval.jsonl), `read_done` on resume,
+`final_summary`.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from c2.passk import Z95, pass_at_k, wilson_interval
-from c2.rl.records import Sample
+from c2.rl.episodes import EpisodeRequest
+from c2.rl.records import Sample, write_rollouts
+
+log = logging.getLogger(__name__)
 
 
 def _rate_interval(values: np.ndarray) -> tuple[float, float, float]:
@@ -96,3 +104,63 @@ def compare(before: dict, after: dict) -> dict:
         "best_of_k_delta": mk,
         "best_of_k_delta_ci95": [lok, hik],
     }
+
+
+# The RL run's evaluations -------------------------------------------------------------------
+
+
+def run_heldout(runner, heldout, k: int, workdir: Path, step: int) -> dict:
+    """`k` episodes of every held-out task on `runner` (an engine holding the weights of `step`):
+    their rollouts in DIR/rollouts/eval_NNNNNN.jsonl, the summary appended to DIR/eval.jsonl."""
+    requests = [
+        EpisodeRequest(t, t.task_id, f"eval{step:06d}-{t.task_id}", j)
+        for t in heldout
+        for j in range(k)
+    ]
+    samples = runner.run(requests)
+    write_rollouts(workdir / "rollouts", f"eval_{step:06d}", samples)
+    summary = summarize(samples) | {"step": step}
+    with open(workdir / "eval.jsonl", "a") as f:
+        f.write(json.dumps(summary) + "\n")
+    log.info(
+        "held-out at step %d: pass@1 %.3f best-of-%d %.3f",
+        step,
+        summary["pass@1"],
+        k,
+        summary[f"best_of_{k}"],
+    )
+    return summary
+
+
+def step_metrics(summary: dict) -> dict:
+    """What a step's metrics row carries of its evaluation."""
+    k = summary["k"]
+    return {"eval_pass@1": summary["pass@1"], "eval_best_of_k": summary[f"best_of_{k}"]}
+
+
+def read_done(workdir: Path, upto: int) -> dict[int, dict]:
+    """Evaluations already done (a resumed run keeps those at or before its step)."""
+    path = workdir / "eval.jsonl"
+    if not path.is_file():
+        return {}
+    evals = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            e = json.loads(line)
+            if e["step"] <= upto:
+                evals[e["step"]] = e
+    path.write_text("".join(json.dumps(e) + "\n" for _, e in sorted(evals.items())))
+    return evals
+
+
+def final_summary(evals: dict[int, dict], steps: int) -> dict:
+    """The run's summary: each evaluation (without per-task passes), and the paired gain from
+    the start to the last step when both were evaluated."""
+    out = {"steps": steps, "evaluations": {str(s): _brief(e) for s, e in sorted(evals.items())}}
+    if 0 in evals and steps in evals and steps:
+        out["gain"] = compare(evals[0], evals[steps])
+    return out
+
+
+def _brief(e: dict) -> dict:
+    return {k: v for k, v in e.items() if k != "per_task_passes"}

@@ -110,7 +110,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
     r, workdir, steps, start = config.rl, stage.workdir, stage.steps, stage.start
     rollouts = _rollouts(stage)
     writer = metrics_lib.MetricsWriter(workdir, resume_step=start)
-    evals = _read_evals(workdir, start)
+    evals = evaluation.read_done(workdir, start)
     first_eval = distributed.share(start == 0 and 0 not in evals)
     bar = tqdm(total=steps, initial=start, desc=config.name, disable=not config.train.progress_bar)
     try:
@@ -143,7 +143,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             record |= rollouts.metrics()
             if evaluating:
                 evals[step] = _evaluate_at(stage, step)
-                record |= _eval_metrics(evals[step])
+                record |= evaluation.step_metrics(evals[step])
             writer.write(step, record)
             bar.set_postfix(
                 reward=f"{record['reward/total']:.3f}", passed=f"{record['pass_rate']:.2f}"
@@ -156,7 +156,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
         bar.close()
         writer.close()
         stage.ckpt.close()
-    summary = _final_summary(evals, steps)
+    summary = evaluation.final_summary(evals, steps)
     (workdir / "final_metrics.json").write_text(json.dumps(summary, indent=2))
     plot_run(workdir, config.name, CURVES)
     return summary
@@ -430,7 +430,9 @@ def _evaluate_at(stage: Stage, step: int) -> dict:
     runner = EpisodeRunner(
         frozen, stage.chat, stage.sandbox, stage.workdir / "episodes_eval", stage.rollout
     )
-    return _evaluate(runner, stage.heldout, config.rl.eval.samples, stage.workdir, step)
+    return evaluation.run_heldout(
+        runner, stage.heldout, config.rl.eval.samples, stage.workdir, step
+    )
 
 
 def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps):
@@ -589,58 +591,6 @@ def _episode_metrics(samples: list[Sample]) -> dict:
     for reason, n in stops.items():
         out[f"stop/{reason}"] = n / len(samples)
     return out
-
-
-def _evaluate(runner, heldout, k: int, workdir: Path, step: int) -> dict:
-    requests = [
-        EpisodeRequest(t, t.task_id, f"eval{step:06d}-{t.task_id}", j)
-        for t in heldout
-        for j in range(k)
-    ]
-    samples = runner.run(requests)
-    write_rollouts(workdir / "rollouts", f"eval_{step:06d}", samples)
-    summary = evaluation.summarize(samples) | {"step": step}
-    with open(workdir / "eval.jsonl", "a") as f:
-        f.write(json.dumps(summary) + "\n")
-    log.info(
-        "held-out at step %d: pass@1 %.3f best-of-%d %.3f",
-        step,
-        summary["pass@1"],
-        k,
-        summary[f"best_of_{k}"],
-    )
-    return summary
-
-
-def _eval_metrics(summary: dict) -> dict:
-    k = summary["k"]
-    return {"eval_pass@1": summary["pass@1"], "eval_best_of_k": summary[f"best_of_{k}"]}
-
-
-def _read_evals(workdir: Path, upto: int) -> dict[int, dict]:
-    """Evaluations already done (a resumed run keeps those at or before its step)."""
-    path = workdir / "eval.jsonl"
-    if not path.is_file():
-        return {}
-    evals = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            e = json.loads(line)
-            if e["step"] <= upto:
-                evals[e["step"]] = e
-    path.write_text("".join(json.dumps(e) + "\n" for _, e in sorted(evals.items())))
-    return evals
-
-
-def _final_summary(evals: dict[int, dict], steps: int) -> dict:
-    out = {"steps": steps, "evaluations": {str(s): _brief(e) for s, e in sorted(evals.items())}}
-    if 0 in evals and steps in evals and steps:
-        out["gain"] = evaluation.compare(evals[0], evals[steps])
-    return out
-
-
-def _brief(e: dict) -> dict:
-    return {k: v for k, v in e.items() if k != "per_task_passes"}
 
 
 def _chain_tokens(s: Sample) -> int:
