@@ -334,17 +334,47 @@ class RayRollouts(orchestrator.Collector):
             self._replace(h)
 
     def _replace(self, h: _Handle) -> None:
-        try:
-            new = self.launch(h.index, h.incarnation + 1)
-        except BaseException as e:
-            with self._cond:
-                self.counts["starting"] -= 1
-                self._error = e
-                self._cond.notify_all()
-            return
+        """Start the next incarnation of worker `h.index`. One whose start is itself a worker
+        fault (its constructor raised, its process died) costs a restart like any other and the
+        next is tried while restarts are left; any other failure (no placement, no answer within
+        the start deadline: trying again would only wait again) fails the run."""
+        incarnation = h.incarnation + 1
+        while True:
+            try:
+                new = self.launch(h.index, incarnation)
+                break
+            except WorkerFault as fault:
+                log.warning("rollout worker %d.%d %s starting (%s)", h.index, incarnation,
+                            fault.what, fault)  # fmt: skip
+                with self._cond:
+                    self.counts[fault.counter] += 1
+                    if self.counts["restarts"] < self.max_restarts and not self._stop.is_set():
+                        self.counts["restarts"] += 1
+                        incarnation += 1
+                        continue
+                    error = RuntimeError(
+                        f"rollout worker {h.index} (incarnation {incarnation}) {fault.what} "
+                        f"while starting, with no restart left ({self.counts['restarts']} used "
+                        f"of max_restarts={self.max_restarts}, config.rl.ray_max_restarts): "
+                        f"{fault}"
+                    )
+                    error.__cause__ = fault
+                    self._fail_start(error)
+                return
+            except BaseException as e:
+                with self._cond:
+                    self._fail_start(e)
+                return
         with self._cond:
             self.counts["starting"] -= 1
         self._drive_in_thread(new)
+
+    def _fail_start(self, error: BaseException) -> None:
+        """(Under the lock.) A replacement could not be started: the run stops with `error`."""
+        self.counts["starting"] -= 1
+        if not self._stop.is_set():
+            self._error = error
+        self._cond.notify_all()
 
     # The trainer's side ----------------------------------------------------------------------
 

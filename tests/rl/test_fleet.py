@@ -95,6 +95,8 @@ class _Launcher:
     def __call__(self, index, incarnation):
         w = self.workers[(index, incarnation)]
         self.launched.append((index, incarnation))
+        if isinstance(w, BaseException):  # its start fails (constructor raised, no placement)
+            raise w
 
         def call(method, *args):
             return getattr(w, method)(*args)
@@ -231,6 +233,35 @@ def test_a_fault_past_the_restart_budget_fails_the_run_naming_the_worker_and_err
     cause = str(e.value.__cause__)
     assert "rollout worker 0 (incarnation 1) raised with no restart left" in cause
     assert "1 used of max_restarts=1" in cause and "worker a2: injected WorkerFailed" in cause
+
+
+def test_a_replacement_whose_start_fails_costs_a_restart_and_the_next_one_plays(tmp_path):
+    """A replacement that raises while starting is a fault like any other: counted, a restart
+    spent, the next incarnation started; the run finishes with every prompt once."""
+    workers = {
+        (0, 0): _Worker("a", die_at=2, fault=fleet.WorkerLost),
+        (0, 1): fleet.WorkerFailed("worker a2: its engine raised while building"),
+        (0, 2): _Worker("a3"),
+        (1, 0): _Worker("b"),
+    }
+    _, rollouts, launched = _run(tmp_path, workers, n_workers=2, max_restarts=2)
+    assert sorted(launched) == [(0, 0), (0, 1), (0, 2), (1, 0)]
+    m = rollouts.metrics()
+    assert (m["fleet/worker_deaths"], m["fleet/worker_errors"], m["fleet/restarts"]) == (1, 1, 2)
+    assert m["fleet/workers"] == 2 and m["fleet/starting"] == 0
+
+
+def test_a_replacement_that_cannot_start_fails_the_run_when_no_restart_is_left(tmp_path):
+    workers = {
+        (0, 0): _Worker("a", die_at=2, fault=fleet.WorkerLost),
+        (0, 1): fleet.WorkerFailed("worker a2: its engine raised while building"),
+        (1, 0): _Worker("b"),
+    }
+    with pytest.raises(RuntimeError, match="the rollouts failed") as e:
+        _run(tmp_path, workers, n_workers=2, max_restarts=1)
+    cause = str(e.value.__cause__)
+    assert "rollout worker 0 (incarnation 1) raised while starting, with no restart left" in cause
+    assert "its engine raised while building" in cause
 
 
 def test_a_tasks_files_are_put_once_and_each_worker_gets_the_ref(tmp_path):
