@@ -126,7 +126,8 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # "none": the nodes have c2 installed.
     r.ray_runtime_env = "auto"
     # Deadlines on the fleet's remote calls: a worker not placed or built in time fails the run;
-    # one whose exchange passes its deadline is hung (killed and replaced).
+    # one whose exchange passes its deadline is hung (killed and replaced). A worker's ask is
+    # checked against the live nodes first: an autoscaling cluster's nodes not yet up count not.
     r.ray_place_timeout_s = 60.0  # the cluster to reserve a worker's CPUs/GPUs
     r.ray_start_timeout_s = 1800.0  # a worker to fetch the weights and compile its engine
     # an exchange: WAIT_S, plus a synchronous weight refresh when the worker lags (minutes at
