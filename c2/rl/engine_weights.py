@@ -47,10 +47,9 @@ def engine_mesh(config) -> sharding.Layout | None:
     return sharding.Layout(sharding.mesh_from_spec(spec), sharding_rules(config)) if spec else None
 
 
-def engine_shardings(config, cfg):
-    """The engine's weight layout (`engine_mesh`), or None: one device."""
-    mesh = engine_mesh(config)
-    return None if mesh is None else weight_shardings(cfg, mesh)
+def engine_shardings(cfg, layout: sharding.Layout | None):
+    """The weight layout of an engine on `layout` (`engine_mesh`), or None: one device."""
+    return None if layout is None else weight_shardings(cfg, layout)
 
 
 def for_engine(params, shardings=None):
@@ -65,10 +64,10 @@ def for_engine(params, shardings=None):
     return jax.tree.map(jnp.copy, jax.device_put(params, target))
 
 
-def read_back(config, cfg, workdir: Path, start: int, params, version: int):
+def read_back(config, shardings, workdir: Path, start: int, params, version: int):
     """Weights `version` (the trainer's newest, `params`, already published) for an engine of
-    process 0: `for_engine`'s copy, or with several processes read back from the store."""
-    shardings = engine_shardings(config, cfg)
+    process 0 laid out by `shardings` (`engine_shardings`): `for_engine`'s copy, or with several
+    processes read back from the store."""
     if jax.process_count() == 1:
         return for_engine(params, shardings)
     from c2.rl.weight_sync import WeightSubscriber

@@ -83,6 +83,10 @@ class Stage:
     task: TrainTask
     layout: sharding.Layout
     learner: RLLearner
+    engine_layout: (
+        sharding.Layout | None
+    )  # the rollout engine's (rl.rollout_mesh); None: one device
+    engine_shardings: object  # its weights' layout (a pytree of shardings), None with it
     chat: AgentChat
     sandbox: Sandbox | None  # process 0's (tools and grading); None on the others
     steps: int
@@ -132,9 +136,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | Path) -> dict:
             evaluating = step == steps or bool(r.eval.every and step % r.eval.every == 0)
             step_metrics, per_sample = _update(stage, batch, terms, effort, evaluating, s)
             rollouts.publish(
-                engine_weights.for_engine(
-                    stage.params, engine_weights.engine_shardings(stage.config, stage.cfg)
-                ),
+                engine_weights.for_engine(stage.params, stage.engine_shardings),
                 step,
             )  # publish
             t_train = time.perf_counter() - t0
@@ -191,6 +193,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
     )
     if primary:
         _set_aside_lost_steps(workdir / "rollouts", start)
+    engine_layout = engine_weights.engine_mesh(config)
     return Stage(
         config=config,
         workdir=workdir,
@@ -199,6 +202,8 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
         task=task,
         layout=layout,
         learner=make_learner(config, cfg, objective, tx, schedule, layout),
+        engine_layout=engine_layout,
+        engine_shardings=engine_weights.engine_shardings(cfg, engine_layout),
         chat=chat,
         sandbox=Sandbox() if primary else None,
         steps=steps,
@@ -283,14 +288,12 @@ def _rollouts(stage: Stage):
     request = lambda p, k: EpisodeRequest(by_id[p], p, f"g-{p}", k)  # noqa: E731
     if store := engine_weights.store_url(config, stage.workdir):
         weights = engine_weights.store_weights(
-            config, store, start, shardings=engine_weights.engine_shardings(stage.config, stage.cfg)
+            config, store, start, shardings=stage.engine_shardings
         )
     else:
         weights = orchestrator.InProcessWeights()
     served = weights.initial(
-        engine_weights.for_engine(
-            stage.params, engine_weights.engine_shardings(stage.config, stage.cfg)
-        ),
+        engine_weights.for_engine(stage.params, stage.engine_shardings),
         start,
     )
     engine_args = _engine_args(stage)
@@ -304,7 +307,7 @@ def _rollouts(stage: Stage):
         stage.cfg,
         seed=config.train.seed + start,
         version=start,
-        mesh=engine_weights.engine_mesh(stage.config),
+        mesh=stage.engine_layout,
         **engine_args,
     )
     runner = EpisodeRunner(
@@ -418,21 +421,18 @@ class _Clock:
 def _evaluate_at(stage: Stage, step: int) -> dict:
     """Held-out episodes with the weights of `step`, on an engine of their own (training
     rollouts go on meanwhile)."""
-    config = stage.config
+    config, workdir = stage.config, stage.workdir
+    weights = engine_weights.read_back(
+        config, stage.engine_shardings, workdir, stage.start, stage.params, step
+    )
     frozen = Engine(
-        engine_weights.read_back(config, stage.cfg, stage.workdir, stage.start, stage.params, step),
-        stage.cfg,
-        seed=config.train.seed,
-        version=step,
-        mesh=engine_weights.engine_mesh(stage.config),
+        weights, stage.cfg, seed=config.train.seed, version=step, mesh=stage.engine_layout,
         **_engine_args(stage),
-    )
+    )  # fmt: skip
     runner = EpisodeRunner(
-        frozen, stage.chat, stage.sandbox, stage.workdir / "episodes_eval", stage.rollout
+        frozen, stage.chat, stage.sandbox, workdir / "episodes_eval", stage.rollout
     )
-    return evaluation.run_heldout(
-        runner, stage.heldout, config.rl.eval.samples, stage.workdir, step
-    )
+    return evaluation.run_heldout(runner, stage.heldout, config.rl.eval.samples, workdir, step)
 
 
 def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, request, start, steps):
