@@ -6,9 +6,8 @@ so the mesh of c2/sharding.py spans all of them; each process feeds and reads on
 devices. Process 0 is the primary: it writes records and metrics and, in RL, runs the rollouts;
 the others compute with it. The helpers here are the few places where processes exchange Python
 data: `share` (process 0's object to everyone), `allgather` (every process's object to
-everyone), `gather` (a sharded pytree as numpy on every process: metrics, never the weights,
-whose shards each process publishes itself, c2/rl/weight_sync.py), `process_rows` (which rows
-of a global batch this process's devices hold).
+everyone; never the weights, whose shards each process publishes itself,
+c2/rl/weight_sync.py), `process_rows` (which rows of a global batch this process's devices hold).
 """
 
 from __future__ import annotations
@@ -120,17 +119,6 @@ def allgather(obj) -> list:
     buffer[: data.size] = data
     gathered = np.asarray(multihost_utils.process_allgather(buffer))
     return [pickle.loads(gathered[i, : int(n)].tobytes()) for i, n in enumerate(sizes.reshape(-1))]
-
-
-def gather(tree):
-    """Every leaf whole, as numpy, on every process (a collective where leaves span processes);
-    fully addressable leaves are fetched locally. Not for weights (see above)."""
-    leaves = jax.tree.leaves(tree)
-    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
-        return jax.device_get(tree)
-    from jax.experimental import multihost_utils
-
-    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def process_rows(batch_sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[int, int]:

@@ -185,15 +185,12 @@ def test_rows_split_gives_each_host_its_block_of_the_single_host_batches():
 
 
 def test_one_process_holds_every_row():
-    import jax
 
     from c2 import sharding
 
     mesh = sharding.make_mesh(fsdp=4, expert=2)
     assert distributed.process_rows(sharding.batch_sharding(mesh), (8, 16)) == (0, 1)
     assert distributed.share({"a": 1}) == {"a": 1}  # one process: the object itself
-    x = jax.device_put(np.arange(8.0), jax.sharding.NamedSharding(mesh, sharding.P("fsdp")))
-    np.testing.assert_array_equal(distributed.gather({"x": x})["x"], np.arange(8.0))
 
 
 def test_bad_flags_exit_with_one_line(tmp_path):
