@@ -398,9 +398,10 @@ def make_sft_dataset(
     """SFT batches (same keys as pretraining, loss on response tokens only); `host_split` as in
     `make_pretrain_dataset`.
 
-    `examples`: "stdlib" (function-implementation tasks from the stdlib `split`), "functions"
-    (oracle agent conversations, c2/envs/functions.py), a .jsonl of {"prompt", "response",
-    "system"?} or {"messages"}, or a sequence of such dicts.
+    `examples`: a `sft.load_sft_examples` spec, e.g. "stdlib" (function-implementation tasks
+    from the stdlib `split`), "functions" (oracle agent conversations, registered by
+    c2.train.sft_sources) or a .jsonl of {"prompt", "response", "system"?} or {"messages"}; or a
+    sequence of such dicts.
     """
     tokenizer = load_tokenizer(tokenizer)
     shard_index, shard_count = shard_info(shard_index, shard_count)

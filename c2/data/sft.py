@@ -2,7 +2,9 @@
 default task set: implement a standard-library function from its signature and docstring.
 An example is either {"prompt", "response", "system"?} (rendered below) or a multi-turn agent
 conversation {"messages": [...]}, rendered by c2.data.chat.AgentChat exactly as RL episodes are
-(the "functions" spec: oracle episodes of c2/envs/functions.py tasks).
+(the "functions" spec: oracle episodes of c2/envs/functions.py tasks). c2.data knows no
+environment: the specs built on one, and the agent system prompt of ":agent", are registered in
+`SOURCES` by c2/train/sft_sources.py.
 
 Chat format (ChatML, with the tokenizer's special ids):
     <bos><|im_start|>system\\n{system}<|im_end|>\\n            (optional)
@@ -20,7 +22,7 @@ import json
 import os
 import random
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -265,57 +267,50 @@ def load_sft_jsonl(
     return [examples[i] for i in corpus_lib.select_split(keys, split, heldout_fraction)]
 
 
-# The "functions" spec: oracle conversations of generated function tasks (c2/envs/functions.py),
-# the train split's templates for training, the eval split's for held-out batches.
+# The sizes of the environments' specs (c2/train/sft_sources.py): oracle conversations of
+# generated function tasks, the train split's templates for training, the eval split's for
+# held-out batches, and the notes tasks' chains.
 FUNCTIONS_SEED = 0
 FUNCTIONS_COUNTS = {"train": 4000, "heldout": 256}
 BASIC_COUNTS = {"train": 720, "eval": 360}  # every distinct basic task of each split
 WIDE_COUNTS = {"train": 8000, "eval": 256}  # of ~35,640 distinct wide tasks per split
-
-
-def function_task_conversations(split: str = "train", level: str = "full") -> list[dict]:
-    """{"messages", "path"} oracle conversations of generated function tasks: split "train" ->
-    the train templates, "heldout" (or "eval") -> the held-out templates; ~1 s, no sandbox.
-    level "basic": the basic level's tasks; "wide" (or "wide:N"): the wide level's first N
-    (default 8,000; held out: always the first 256) (c2/envs/functions.py)."""
-    from c2.envs import functions  # the environments package, only for this spec
-
-    level, _, count = level.partition(":")
-    if level not in functions.LEVELS:
-        raise ValueError(f"'functions:{level}': the level is not one of {functions.LEVELS}")
-    if count and (level != "wide" or not (count.isdigit() and int(count) > 0)):
-        raise ValueError(f"'functions:{level}:{count}': expected 'functions:wide:N' with N >= 1")
-    if level in ("basic", "wide"):
-        s = "eval" if split in ("heldout", "eval") else "train"
-        n = (BASIC_COUNTS if level == "basic" else WIDE_COUNTS)[s]
-        n = int(count) if count and s == "train" else n  # held out: always the first 256
-        tasks = functions.function_tasks(n, FUNCTIONS_SEED, s, level)
-        return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
-
-    split = "heldout" if split == "eval" else split
-    if split not in FUNCTIONS_COUNTS:
-        raise ValueError(
-            f"'functions' SFT split {split!r}: expected one of {list(FUNCTIONS_COUNTS)}"
-        )
-    tasks = functions.function_tasks(
-        FUNCTIONS_COUNTS[split], FUNCTIONS_SEED, "train" if split == "train" else "eval"
-    )
-    return [{"messages": functions.task_conversation(t), "path": t.task_id} for t in tasks]
-
-
 NOTES_COUNTS = {"train": 600, "eval": 64}  # tasks; each gives 2-5 segment conversations
 
+BUILTIN_SPECS = ("stdlib", "copy", "recall")
+ENVIRONMENT_SOURCES = "c2.train.sft_sources"  # registers "functions", "notes" and the prompt
 
-def notes_conversations(spec: str, split: str = "train") -> list[dict]:
-    """ "notes[:full|fixed|keyed][:files[:note_chars]]": oracle chains of the notes tasks
-    (c2/envs/notes.py), each cut once so that writing a summary and going on from one are both
-    learned; a conversation per segment."""
-    from c2.envs import notes
 
-    level, files, chars = notes.parse_spec(spec)
-    s = "eval" if split in ("heldout", "eval") else "train"
-    return notes.chain_conversations(NOTES_COUNTS[s], FUNCTIONS_SEED, s, files, chars, level)
+class ExampleSources:
+    """The SFT specs a layer above c2.data supplies: `loader(spec, split) -> examples` by the
+    spec's head (its text before the first ":"), and the agent system prompt that ":agent" puts
+    before each prompt. `load_sft_examples` reads the module's `SOURCES`; c2/train/sft_sources.py
+    fills it with the environments' specs on import, so that c2.data imports no environment."""
 
+    def __init__(self):
+        self.loaders: dict[str, Callable[[str, str], Sequence[Mapping]]] = {}
+        self.agent_system_prompt: Callable[[], str] | None = None
+
+    def register(self, name: str, loader: Callable[[str, str], Sequence[Mapping]]) -> None:
+        if name in BUILTIN_SPECS or name in self.loaders:
+            raise ValueError(f"SFT spec {name!r} is built in or registered already")
+        self.loaders[name] = loader
+
+    def register_agent_system_prompt(self, prompt: Callable[[], str]) -> None:
+        if self.agent_system_prompt is not None:
+            raise ValueError("the agent system prompt is registered already")
+        self.agent_system_prompt = prompt
+
+    def system_prompt(self, spec: str) -> str:
+        """The registered agent system prompt, for the ":agent" spec `spec`."""
+        if self.agent_system_prompt is None:
+            raise ValueError(
+                f"SFT spec {spec!r}: ':agent' needs the agent system prompt, which "
+                f"`import {ENVIRONMENT_SOURCES}` registers"
+            )
+        return self.agent_system_prompt()
+
+
+SOURCES = ExampleSources()
 
 COPY_COUNTS = {"train": 50_000, "eval": 256}
 COPY_ALPHABET = string.ascii_letters + string.digits
@@ -351,10 +346,10 @@ def _seeded_examples(
     """ "NAME[:N][:FLAG...][:agent]": N (default COPY_COUNTS[split]) {"prompt", "response",
     "path"} examples, the i-th from `draw(random.Random("NAME:split:i"), **{flag: bool})`, so a
     split never changes. `flags` are the spec's own options (given in that order).
-    ":agent" puts the agent's system prompt (`compact_system_prompt`, ~175 bytes) before each
-    prompt, as every agent episode has it: a copy learnt in short contexts alone does not carry
-    over to one that begins with it (BENCHMARKS.md, issue 16: recalled values 62% alone, 0-3%
-    behind a system turn)."""
+    ":agent" puts the agent's system prompt (the one registered in `SOURCES`: the environments'
+    `compact_system_prompt`, ~175 bytes) before each prompt, as every agent episode has it: a copy
+    learnt in short contexts alone does not carry over to one that begins with it (BENCHMARKS.md,
+    issue 16: recalled values 62% alone, 0-3% behind a system turn)."""
     name, *options = spec.split(":")
     known = (*flags, "agent")
     count = options[0] if options and options[0] not in known else ""
@@ -370,11 +365,7 @@ def _seeded_examples(
         )
     agent = "agent" in given
     options_given = {f: f in given for f in flags}
-    system = {}
-    if agent:
-        from c2.envs.episode import compact_system_prompt  # the environments package, only here
-
-        system = {"system": compact_system_prompt()}
+    system = {"system": SOURCES.system_prompt(spec)} if agent else {}
     s = "eval" if split in ("heldout", "eval") else "train"
     out = []
     for i in range(int(count) if count else COPY_COUNTS[s]):
@@ -413,16 +404,16 @@ def load_sft_examples(
 ) -> Sequence[Mapping[str, str]]:
     """SFT examples from a spec.
 
-    "stdlib" or a directory: the functions of its `split`; "functions[:full|basic|wide[:N]]":
-    oracle agent conversations of generated function tasks of that level (train or held-out
-    templates); "notes...": the notes tasks' oracle chains; "copy[:N][:ordered]": copying examples
-    (`copy_examples`); "recall[:N]":
-    `key = value` lines recalled by key (`recall_examples`); either with ":agent" after the
-    system prompt agent episodes begin with; a .jsonl of
-    {"prompt", "response"} or {"messages"}: its `split` (2% held out); "A+B": the examples of
-    each (a mixture in proportion to their counts, shuffled together by the pipeline; for
-    example "functions:basic+copy:720" keeps the copying the copy stage taught, which agent SFT
-    alone erases); a sequence of example dicts: used as is.
+    "stdlib" or a directory: the functions of its `split`; "copy[:N][:ordered]": copying examples
+    (`copy_examples`); "recall[:N]": `key = value` lines recalled by key (`recall_examples`);
+    either with ":agent" after the system prompt agent episodes begin with; a .jsonl of
+    {"prompt", "response"} or {"messages"}: its `split` (2% held out); a spec registered in
+    `SOURCES` by its head: with c2.train.sft_sources imported, "functions[:full|basic|wide[:N]]"
+    (oracle agent conversations of generated function tasks of that level, train or held-out
+    templates) and "notes..." (the notes tasks' oracle chains); "A+B": the examples of each (a
+    mixture in proportion to their counts, shuffled together by the pipeline; for example
+    "functions:basic+copy:720" keeps the copying the copy stage taught, which agent SFT alone
+    erases); a sequence of example dicts: used as is.
     """
     if not isinstance(spec, str):
         return spec
@@ -433,18 +424,18 @@ def load_sft_examples(
         return [e for part in parts for e in load_sft_examples(part, split)]
     if spec.endswith(".jsonl"):
         return load_sft_jsonl(spec, split)
-    if spec.partition(":")[0] == "functions":
-        return function_task_conversations(split, spec.partition(":")[2] or "full")
-    if spec.partition(":")[0] == "notes":
-        return notes_conversations(spec, split)
-    if spec.partition(":")[0] == "copy":
+    head = spec.partition(":")[0]
+    if head in SOURCES.loaders:
+        return SOURCES.loaders[head](spec, split)
+    if head == "copy":
         return copy_examples(spec, split)
-    if spec.partition(":")[0] == "recall":
+    if head == "recall":
         return recall_examples(spec, split)
     if spec == "stdlib" or os.path.isdir(spec):
         return function_examples(spec, split)
     raise ValueError(
         f"SFT examples spec {spec!r}: expected 'stdlib', a source directory or a .jsonl path, "
-        "'functions[:full|basic|wide[:N]]', 'notes[:full|fixed|keyed]', "
-        "'copy[:N][:ordered][:agent]', 'recall[:N][:agent]' or a mixture 'A+B'"
+        "'copy[:N][:ordered][:agent]', 'recall[:N][:agent]', a mixture 'A+B' or a registered "
+        f"spec {sorted(SOURCES.loaders)}; `import {ENVIRONMENT_SOURCES}` registers the "
+        "environments' 'functions[:full|basic|wide[:N]]' and 'notes[:full|fixed|keyed]'"
     )

@@ -204,12 +204,12 @@ def task_reading_accuracy(
     chance on the held-out templates (wide: 1/3 and ~1/10 a digit)."""
     import re
 
-    from c2.data import sft
     from c2.data.chat import AgentChat
+    from c2.train import sft_sources
 
     if level not in ("basic", "wide"):
         raise ValueError(f"level={level!r}: expected 'basic' or 'wide'")
-    examples = sft.function_task_conversations("eval", level)
+    examples = sft_sources.function_task_conversations("eval", level)
     if not 1 <= prompts <= len(examples):
         raise ValueError(f"prompts={prompts}: expected 1..{len(examples)}")
     chat, head = AgentChat(tokenizer), list(tokenizer.encode("return n "))
@@ -282,15 +282,15 @@ def notes_reading_accuracy(
 ) -> dict[str, float]:
     """{"values", "digits"}: what the agent policy copies from the notes it read, teacher-forced
     on the first `segments` held-out oracle chain segments of the notes tasks `spec`
-    (`c2.data.sft.notes_conversations`, rendered as RL plays them): the argmax accuracy on the
-    digits its replies write (the values in its summaries, "Found a = 28.", and in the final
+    (`c2.train.sft_sources.notes_conversations`, rendered as RL plays them): the argmax accuracy on
+    the digits its replies write (the values in its summaries, "Found a = 28.", and in the final
     `return n + 28 + ...`; every one is a note's value, read earlier in the segment or carried
     in its summary), and `digits`, how many were scored. A policy that has the episode's form
     but does not copy scores chance (~1/10)."""
-    from c2.data import sft
     from c2.data.chat import AgentChat
+    from c2.train import sft_sources
 
-    examples = sft.notes_conversations(spec, "eval")
+    examples = sft_sources.notes_conversations(spec, "eval")
     if not 1 <= segments <= len(examples):
         raise ValueError(f"segments={segments}: expected 1..{len(examples)}")
     if any(len(tokenizer.encode(d)) != 1 for d in "0123456789"):

@@ -21,6 +21,7 @@ from c2 import model as model_lib
 from c2.data import pipeline as data_pipeline
 from c2.data.tokenizer import load_tokenizer
 from c2.model.layers import rms_norm
+from c2.train import sft_sources  # noqa: F401 - registers the environments' SFT specs
 from c2.train.bpb import forward_on_batch, heldout_bpb
 from c2.train.config import ConfigError, sharding_rules, validate_stage
 from c2.train.loop import Task

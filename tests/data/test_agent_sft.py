@@ -8,6 +8,7 @@ import pytest
 from c2.data import pipeline, sft
 from c2.data.tokenizer import IM_END, ByteTokenizer
 from c2.envs import functions as fn
+from c2.train import sft_sources  # noqa: F401 - registers the "functions" spec
 
 
 def _replies(messages):

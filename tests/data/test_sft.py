@@ -7,6 +7,7 @@ import pytest
 from c2.data import corpus as corpus_lib
 from c2.data import pipeline, sft
 from c2.data import tokenizer as tk
+from c2.train import sft_sources  # noqa: F401 - registers "functions" and ":agent"'s prompt
 
 MODULE = (
     '''\
@@ -318,6 +319,29 @@ def test_a_mixture_spec_holds_each_parts_examples():
         sft.load_sft_examples("copy:30+", "train")
     with pytest.raises(ValueError, match="'nope'"):
         sft.load_sft_examples("copy:30+nope", "train")
+
+
+def test_an_environment_spec_needs_its_source_registered(monkeypatch):
+    """c2.data knows no environment: without c2.train.sft_sources' registrations, the
+    environments' specs and ":agent" fail naming the spec and the module to import."""
+    monkeypatch.setattr(sft, "SOURCES", sft.ExampleSources())
+    for spec, named in (
+        ("functions:basic",) * 2,
+        ("notes:fixed",) * 2,
+        ("copy:3+functions", "functions"),
+    ):
+        with pytest.raises(ValueError, match=f"'{named}'.*import c2.train.sft_sources"):
+            sft.load_sft_examples(spec, "eval")
+    with pytest.raises(ValueError, match=r"'copy:3:agent'.*import c2\.train\.sft_sources"):
+        sft.load_sft_examples("copy:3:agent")
+    # A registered source answers its spec by its head, and may not shadow a built-in one.
+    sft.SOURCES.register("toy", lambda spec, split: [{"prompt": spec, "response": split}])
+    sft.SOURCES.register_agent_system_prompt(lambda: "be brief")
+    assert sft.load_sft_examples("toy:2", "eval") == [{"prompt": "toy:2", "response": "eval"}]
+    assert {e["system"] for e in sft.load_sft_examples("copy:3:agent")} == {"be brief"}
+    for name in ("copy", "toy"):
+        with pytest.raises(ValueError, match="registered already"):
+            sft.SOURCES.register(name, lambda spec, split: [])
 
 
 def test_functions_wide_spec_counts_train_tasks_and_holds_out_256():

@@ -119,6 +119,7 @@ def test_reference_chain_is_what_the_runner_plays(tmp_path, sandbox: Sandbox):
 def test_sft_chains_teach_summaries_and_going_on_from_them():
     from c2.data.sft import load_sft_examples
     from c2.rl.episodes import SUMMARY_HEADER, SUMMARY_INSTRUCTION
+    from c2.train import sft_sources  # noqa: F401 - registers the "notes" spec
 
     chat = AgentChat(ByteTokenizer())
     examples = load_sft_examples("notes:fixed:4:80")

@@ -79,8 +79,9 @@ def test_tool_recall_data_asks_for_lines_its_tool_response_holds():
     import re
 
     from c2.data.chat import AgentChat
-    from c2.data.sft import notes_conversations, recall_examples
+    from c2.data.sft import recall_examples
     from c2.data.tokenizer import load_tokenizer
+    from c2.train.sft_sources import notes_conversations
 
     spec = importlib.util.spec_from_file_location(
         "tool_recall", ROOT / "experiments" / "tool_recall.py"
