@@ -12,9 +12,10 @@ cgroup), so nothing the agent left running reaches the grading.
 Outcomes the workspace cannot forge: the verdict is decided and sent by a process that never runs
 workspace code, over a pipe only it holds (grading_channel.py); nothing is read back from a file
 the sandbox can write, and a test that never reports is failed, with the reason recorded.
-- "functions" grader (grading_runner.py): sound by construction. The trusted runner runs the
-  hidden tests and their assertions; workspace code runs in worker processes forked from a
-  factory it forked first, reached through proxies that bring back only plain literal data.
+- "functions" grader (grading_runner.py, grading_worker.py): sound by construction. The trusted
+  runner runs the hidden tests and their assertions; workspace code runs in worker processes
+  forked from a factory it forked first, reached through proxies that bring back only plain
+  literal data.
   Exit hooks, signal handlers, monkeypatching, forked survivors, os._exit, a result whose
   __eq__ is always true: each only fails the test (a dead or hung worker fails the call it was
   in, named in failure_reason). The hidden tests reach the runner on a pipe, read after the
@@ -62,6 +63,7 @@ from c2.envs.tasks import Task
 _PLUGIN = Path(__file__).with_name("grading_plugin.py")
 _PARENT = Path(__file__).with_name("grading_pytest.py")
 _RUNNER = Path(__file__).with_name("grading_runner.py")
+_WORKER = Path(__file__).with_name("grading_worker.py")  # the runner's import
 RUFF_SELECT = "E,F,W,B,SIM"
 
 
@@ -178,15 +180,20 @@ def runner_outcomes(
 
 @functools.cache
 def _runner_files() -> list[tuple[Path, str]]:
-    """grading_runner.py and its bytecode where the sandbox's Python looks for it (an import
-    checks it against the source's mtime and size; another Python version compiles anew)."""
-    pyc = importlib.util.cache_from_source("/grading/grading_runner.py")
+    """grading_runner.py and grading_worker.py, each with its bytecode where the sandbox's Python
+    looks for it (an import checks it against the source's mtime and size; another Python
+    version compiles anew): (host path, path in the sandbox) pairs, the runner's first."""
     scratch = tempfile.mkdtemp(prefix="c2-runner-")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # one per process, not one a run
-    host = Path(scratch) / os.path.basename(pyc)
-    py_compile.compile(str(_RUNNER), cfile=str(host), doraise=True)
-    host.chmod(0o644)
-    return [(_RUNNER, "/grading/grading_runner.py"), (host, pyc)]
+    files = []
+    for source in (_RUNNER, _WORKER):
+        inside = f"/grading/{source.name}"
+        pyc = importlib.util.cache_from_source(inside)
+        host = Path(scratch) / os.path.basename(pyc)
+        py_compile.compile(str(source), cfile=str(host), doraise=True)
+        host.chmod(0o644)
+        files += [(source, inside), (host, pyc)]
+    return files
 
 
 def _kill_mode(sandbox) -> str:
