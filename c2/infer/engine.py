@@ -15,6 +15,11 @@ tool output as tokens with `extend`, generation resumes from the cache; `release
 returns its `Trajectory`. Nothing is ever re-tokenised: the engine only sees token ids.
 `Engine(..., mesh=)` runs all of it on a mesh (weights, slots and KV cache laid out by the
 model's sharding rules: `engine_layout.py`).
+
+This module owns the requests and the loop: the queue and the slots, turns and what ends them,
+weight swaps, dispatching decode calls and recording what they return, and `generate`. The
+compiled steps live in `steps.py`, feeding tokens in bucketed chunks in `prefill.py`, a
+request's host-side record in `records.py`, the checks of callers' arguments in `checks.py`.
 """
 
 from __future__ import annotations
@@ -29,39 +34,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from c2 import sharding
-from c2.infer import engine_layout, steps
+from c2.infer import checks, engine_layout, prefill, steps
 from c2.infer.engine_layout import weight_shardings  # noqa: F401 - public here too
+from c2.infer.prefill import MIN_BUCKET
 from c2.infer.records import Completion, SequenceRecord, Trajectory
 from c2.infer.sampling import SamplingParams
 from c2.model.config import ModelConfig
 from c2.model.transformer import restack
 
-MIN_BUCKET = 16
-
-
 _restack = jax.jit(restack)
-
-
-def _token_array(tokens, vocab_size: int, what: str) -> np.ndarray:
-    arr = np.asarray(tokens)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(
-            f"{what}: expected a 1-D sequence of int token ids, got {arr.dtype}{list(arr.shape)}"
-        )
-    if arr.size == 0:
-        raise ValueError(f"{what} is empty: expected at least one token")
-    if arr.min() < 0 or arr.max() >= vocab_size:
-        raise ValueError(
-            f"{what}: token ids must lie in [0, vocab_size={vocab_size}); got min {arr.min()} "
-            f"max {arr.max()}"
-        )
-    return arr.astype(np.int32)
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r}: expected an int >= 1")
-    return int(value)
 
 
 class Engine:
@@ -117,36 +98,18 @@ class Engine:
             raise TypeError(f"config: expected a c2.model.ModelConfig, got {type(c).__name__}")
         self.cfg = c
         self.sampling = SamplingParams(temperature, top_p, top_k).validate(c.vocab_size)
-        max_slots = _positive_int(max_slots, "max_slots")
+        max_slots = checks.positive_int(max_slots, "max_slots")
         self.layout = sharding.as_layout(mesh)
         if self.layout is not None:
             engine_layout.check_layout(c, self.layout, max_slots)
-        max_len = c.max_seq_len if max_len is None else _positive_int(max_len, "max_len")
-        if not 2 <= max_len <= c.max_seq_len:
-            raise ValueError(f"max_len={max_len}: expected in [2, cfg.max_seq_len={c.max_seq_len}]")
-        self.max_len = max_len
+        self.max_len = max_len = checks.max_len(max_len, c.max_seq_len)
         if not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed={seed!r}: expected an int")
-        if speculative:
-            if c.mtp_depth < 1 or "mtp" not in params:
-                raise ValueError(
-                    f"speculative=True needs MTP modules: cfg.mtp_depth={c.mtp_depth} and params "
-                    f"{'have' if 'mtp' in params else 'lack'} an 'mtp' entry"
-                )
-            num_draft = _positive_int(
-                c.mtp_depth if num_draft_tokens is None else num_draft_tokens, "num_draft_tokens"
-            )
-        else:
-            num_draft = 0
-        self.stop_tokens = self._check_stop_tokens(stop_tokens)
-        self.stop_strings = self._check_stop_strings(stop_strings, detokenize)
+        num_draft = checks.num_draft(speculative, num_draft_tokens, c, params)
+        self.stop_tokens = checks.stop_tokens(stop_tokens, c.vocab_size)
+        self.stop_strings = checks.stop_strings(stop_strings, detokenize)
         self.detokenize = detokenize
-        prefill_chunk = _positive_int(prefill_chunk, "prefill_chunk")
-        if prefill_chunk < MIN_BUCKET:
-            raise ValueError(f"prefill_chunk={prefill_chunk}: expected >= {MIN_BUCKET}")
-        self._buckets = sorted(
-            {b for b in (MIN_BUCKET << i for i in range(32)) if b < prefill_chunk} | {prefill_chunk}
-        )
+        self._buckets = prefill.bucket_sizes(prefill_chunk)
         self.spec = steps.StepSpec(
             cfg=c,
             n_slots=max_slots,
@@ -154,7 +117,7 @@ class Engine:
             n_stop=max(8, len(self.stop_tokens)),
             speculative=bool(speculative),
             num_draft=num_draft,
-            steps_per_call=_positive_int(steps_per_call, "steps_per_call"),
+            steps_per_call=checks.positive_int(steps_per_call, "steps_per_call"),
             layout=self.layout,
         )
         self.recompute_kv = bool(recompute_kv)
@@ -182,38 +145,6 @@ class Engine:
             (0, c.n_moe_layers, c.n_experts_per_token), steps.routing_dtype(c)
         )
 
-    # Input checks ---------------------------------------------------------------------------
-
-    def _check_stop_tokens(self, stop_tokens) -> tuple[int, ...]:
-        out = tuple(int(t) for t in stop_tokens)
-        for t in out:
-            if not 0 <= t < self.cfg.vocab_size:
-                raise ValueError(
-                    f"stop_tokens: id {t} outside the vocabulary [0, {self.cfg.vocab_size})"
-                )
-        return out
-
-    def _check_stop_strings(self, stop_strings, detokenize) -> tuple[str, ...]:
-        if isinstance(stop_strings, str):
-            raise ValueError(f"stop_strings={stop_strings!r}: expected a sequence of strings")
-        out = tuple(stop_strings)
-        if any(not isinstance(s, str) or not s for s in out):
-            raise ValueError(f"stop_strings={out!r}: expected non-empty strings")
-        if out and detokenize is None and getattr(self, "detokenize", None) is None:
-            raise ValueError(
-                "stop_strings need detokenize (token ids -> str), e.g. tokenizer.decode"
-            )
-        return out
-
-    def _room(self, seq_len: int, max_new_tokens, what: str) -> int:
-        max_new = _positive_int(max_new_tokens, "max_new_tokens")
-        if seq_len >= self.max_len:
-            raise ValueError(
-                f"{what} has {seq_len} tokens but the context holds max_len={self.max_len}: "
-                "no room for a generated token"
-            )
-        return max_new
-
     # Requests -------------------------------------------------------------------------------
 
     def submit(
@@ -229,21 +160,25 @@ class Engine:
         stop_strings: Sequence[str] | None = None,
     ) -> int:
         """Queue a prompt; returns its request id. Options default to the engine's."""
-        prompt = _token_array(prompt, self.cfg.vocab_size, "prompt")
-        max_new = self._room(len(prompt), max_new_tokens, "prompt")
+        prompt = checks.token_array(prompt, self.cfg.vocab_size, "prompt")
+        max_new = checks.room(len(prompt), max_new_tokens, self.max_len, "prompt")
         d = self.sampling
         sp = SamplingParams(
             d.temperature if temperature is None else temperature,
             d.top_p if top_p is None else top_p,
             d.top_k if top_k is None else top_k,
         ).validate(self.cfg.vocab_size)
-        stops = self.stop_tokens if stop_tokens is None else self._check_stop_tokens(stop_tokens)
+        stops = (
+            self.stop_tokens
+            if stop_tokens is None
+            else checks.stop_tokens(stop_tokens, self.cfg.vocab_size)
+        )
         if len(stops) > self.spec.n_stop:
             raise ValueError(f"stop_tokens: {len(stops)} ids; at most {self.spec.n_stop}")
         strings = (
             self.stop_strings
             if stop_strings is None
-            else self._check_stop_strings(stop_strings, self.detokenize)
+            else checks.stop_strings(stop_strings, self.detokenize)
         )
         rid = self._next_rid
         self._next_rid += 1
@@ -269,8 +204,9 @@ class Engine:
             raise ValueError(
                 f"request {request_id} is {seq.status}: extend needs a paused multi-turn sequence"
             )
-        tokens = _token_array(tokens, self.cfg.vocab_size, "extend tokens")
-        seq.max_new = self._room(len(seq.tokens) + len(tokens), max_new_tokens, "the sequence")
+        tokens = checks.token_array(tokens, self.cfg.vocab_size, "extend tokens")
+        n = len(seq.tokens) + len(tokens)
+        seq.max_new = checks.room(n, max_new_tokens, self.max_len, "the sequence")
         seq.append_prompt(tokens.tolist())
         seq.turn += 1
         seq.status = "extending"
@@ -311,14 +247,7 @@ class Engine:
     def update_weights(self, params, version: int) -> None:
         """New weights for every in-flight sequence from the next decode call dispatched on (with
         run_ahead, the call after the one already running); thread-safe."""
-        if jax.tree.structure(params) != self._param_tree:
-            raise ValueError("update_weights: params have a different tree structure")
-        for (shape, dtype), b in zip(self._param_leaves, jax.tree.leaves(params)):
-            if shape != b.shape or dtype != b.dtype:
-                raise ValueError(
-                    f"update_weights: a leaf changed from {dtype}{list(shape)} to "
-                    f"{b.dtype}{list(b.shape)}"
-                )
+        checks.same_weights(params, self._param_tree, self._param_leaves)
         with self._lock:
             self._pending_update = (params, int(version))
 
@@ -381,70 +310,20 @@ class Engine:
         return {"mtp_n": 0} if self.spec.speculative else {}
 
     def _feed(self, items, record: bool = True, reroute: bool = False) -> list[tuple[int, float]]:
-        """Feed tokens into sequences' slots: items are (sequence, tokens). Each row goes in
-        chunks of static bucket sizes, and the rows needing one chunk size share one forward
-        pass (batched prefill). Returns each item's (next token, logprob) sampled after its
-        last token. Not recording: a rebuild from position 0; `reroute` then replaces the
-        recorded routing of the rebuilt tokens (new weights route them anew)."""
-        done = [0] * len(items)
-        last: list = [None] * len(items)
-        rebuilt: list[list] = [[] for _ in items]
-        while True:
-            by_size = collections.defaultdict(list)
-            for j, (seq, tokens) in enumerate(items):
-                if done[j] < len(tokens):
-                    room = self.spec.cache_len - (seq.fed if record else done[j])
-                    fits = [b for b in self._buckets if b <= room]
-                    left = len(tokens) - done[j]
-                    by_size[min([b for b in fits if b >= left], default=max(fits))].append(j)
-            if not by_size:
-                break
-            for size, js in sorted(by_size.items()):
-                self._feed_chunk(items, js, size, done, last, rebuilt, record, reroute)
-        if reroute:
-            for (seq, _), blocks in zip(items, rebuilt):
-                seq.routing = [np.concatenate([seq.empty_routing, *blocks])]
-        fetched = jax.device_get({id(a): a for out in last for a in out[:2]})
-        return [(int(fetched[id(t)][k]), float(fetched[id(lp)][k])) for t, lp, k in last]
-
-    def _feed_chunk(self, items, js, size, done, last, rebuilt, record, reroute) -> None:
-        """One forward pass feeding the next chunk (at most `size` tokens) of items[j] for j in
-        js; the row count is padded to a power of two (padding rows write nothing)."""
-        n_slots = self.spec.n_slots
-        rows = 1 << (len(js) - 1).bit_length()
-        shards = engine_layout.batch_shards(self.layout)  # each device feeds as many rows
-        rows = min(-(-rows // shards) * shards, n_slots)
-        slots = np.full(rows, n_slots, np.int32)
-        chunk = np.zeros((rows, size), np.int32)
-        lengths = np.ones(rows, np.int32)
-        starts = []
-        for k, j in enumerate(js):
-            seq, tokens = items[j]
-            n = min(len(tokens) - done[j], size)
-            slots[k], lengths[k] = seq.slot, n
-            chunk[k, :n] = tokens[done[j] : done[j] + n]
-            starts.append(seq.fed if record else done[j])
-        self._state, tok, lp, routing = steps.feed(
+        """`prefill.feed` into the engine's slots: items are (sequence, tokens); returns each
+        item's (next token, logprob) sampled after its last token."""
+        self._state, firsts, calls = prefill.feed(
             self._params,
             self.state,
             self._base_key,
-            slots,
-            chunk,
-            lengths,
-            spec=self.spec,
-            kv_len=steps.attend_len(self.spec, max(starts), size),
+            self.spec,
+            self._buckets,
+            items,
+            record=record,
+            reroute=reroute,
         )
-        self._stats["feed_calls"] += 1
-        if record or reroute:
-            routing = np.asarray(routing)
-        for k, j in enumerate(js):
-            n = int(lengths[k])
-            if record:
-                items[j][0].add_routing(routing[:, k, :n].transpose(1, 0, 2))
-            elif reroute:
-                rebuilt[j].append(routing[:, k, :n].transpose(1, 0, 2))
-            done[j] += n
-            last[j] = (tok, lp, k)
+        self._stats["feed_calls"] += calls
+        return firsts
 
     def _take_update(self):
         with self._lock:
@@ -690,8 +569,10 @@ def generate(
     (at most 8), rounded up to a multiple of the devices `mesh` splits slots over."""
     if isinstance(prompts, (str, bytes)) or not len(prompts):
         raise ValueError("prompts: expected a non-empty list of token-id sequences")
-    arrays = [_token_array(p, config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)]
-    max_new = _positive_int(max_new_tokens, "max_new_tokens")
+    arrays = [
+        checks.token_array(p, config.vocab_size, f"prompts[{i}]") for i, p in enumerate(prompts)
+    ]
+    max_new = checks.positive_int(max_new_tokens, "max_new_tokens")
     longest = max(len(a) for a in arrays)
     if longest >= config.max_seq_len:
         raise ValueError(
