@@ -13,9 +13,9 @@ As a driver, every point (each a resumable pipeline workdir), then the fit:
 Writes OUT/correlation.json (points, slope, intercept, r^2) and OUT/correlation.png.
 Runtime: estimated from the main job's measured stages (not measured as a whole): ~30 minutes per
 point at 300 CPT steps on the 2-core reference machine (CPT ~1.5 s/step, the rest ~22 minutes
-and fixed), so ~2 hours for four scales. Expected: lower held-out CE, higher RL pass@1; at this
-size RL pass@1 sits near chance (BENCHMARKS.md "RL stage"), so the slope's sign is the first
-thing to check, and r^2 may be low.
+and fixed), so ~2 hours for four scales. Expected: lower held-out CE, higher RL pass@1; the
+pipeline's agent-SFT model does not read its task, so its RL pass@1 stays near 0 (the --quick
+run above), the slope's sign is the first thing to check, and r^2 may be low.
 """
 
 import argparse

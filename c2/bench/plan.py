@@ -266,8 +266,9 @@ def main(argv=None) -> dict:
         "--set",
         action="append",
         default=[],
-        metavar="model.overrides.FIELD=VALUE",
-        help="override a model field for the plan, e.g. remat=false (repeatable)",
+        metavar="FIELD=VALUE",
+        help="override a config field for the plan (repeatable): a dotted path sets that field "
+        "(rl.single_forward=false, mesh.fsdp=16), a bare name a model override (remat=false)",
     )
     ap.add_argument(
         "--loss_chunk_tokens",
@@ -299,8 +300,7 @@ def main(argv=None) -> dict:
     path, _, arg = args.config.partition(":")
     config = load_config(path, arg or None)
     for item in args.set:
-        key, _, value = item.partition("=")
-        config.model.overrides[key] = _parse_value(value)
+        _set_field(config, item)
     if args.loss_chunk_tokens is not None:
         config.train.loss_chunk_tokens = args.loss_chunk_tokens
     if args.micro_batches is not None:
@@ -321,6 +321,24 @@ def main(argv=None) -> dict:
     print(json.dumps(result, sort_keys=True))
     sys.stdout.flush()
     return result
+
+
+def _set_field(config, item: str) -> None:
+    """`--set FIELD=VALUE`: a dotted FIELD is a path into the config (it must exist; a tuple's
+    VALUE is comma-separated), a bare one a model override (`config.model.overrides`)."""
+    from c2.eval.ablate import set_field
+
+    key, eq, value = item.partition("=")
+    if not eq or not key:
+        raise SystemExit(f"--set {item!r}: expected FIELD=VALUE")
+    if "." not in key:
+        config.model.overrides[key] = _parse_value(value)
+        return
+    new = [_parse_value(v) for v in value.split(",") if v] if "," in value else _parse_value(value)
+    try:
+        set_field(config, key, new)
+    except KeyError as e:
+        raise SystemExit(f"--set {item!r}: {e.args[0]}") from None
 
 
 def _parse_value(v: str):

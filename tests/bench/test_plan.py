@@ -10,6 +10,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 
 from c2 import model as model_lib
 from c2 import sharding
@@ -144,3 +145,15 @@ def test_rl_plan_has_the_trainer_and_the_engine_and_names_what_does_not_fit():
     assert small["not_fitting"] == [f"{config.name}/trainer"]
     assert small["stages"][f"{config.name}/engine"]["fits"] is True
     assert small["per_device_bytes"] == trainer["per_device_bytes"]
+
+
+def test_set_reaches_any_config_field_and_names_a_missing_one():
+    config = load_config(EXPERIMENTS / "rl_tiny.py")
+    plan_lib._set_field(config, "remat=false")
+    plan_lib._set_field(config, "rl.single_forward=False")
+    plan_lib._set_field(config, "rl.seq_buckets=256,512")
+    assert config.model.overrides.remat is False and config.rl.single_forward is False
+    assert config.rl.seq_buckets == (256, 512)
+    for item, said in [("rl.nope=1", "rl.nope"), ("nope.x=1", "nope"), ("remat", "FIELD=VALUE")]:
+        with pytest.raises(SystemExit, match=said):
+            plan_lib._set_field(config, item)
