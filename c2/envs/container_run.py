@@ -15,8 +15,14 @@ Every container c2 starts is locked down like the bubblewrap sandbox beside it:
   driver here (overlay on ext4) has no `--storage-opt size=`, so the layer is measured while
   a command runs (every QUOTA_POLL_S) and after it; past the quota the command is stopped, its
   container restarted (every process ends) and the limit named "disk", as for the workspace.
-The root filesystem stays writable within that quota: Harbor's solutions and test scripts
-install packages into the image (apt, pip, uv), so a read-only root would fail them.
+An episode's container keeps its root filesystem writable within that quota: Harbor's solutions
+and test scripts install packages into the image (apt, pip, uv), so a read-only root would fail
+them (its verifier's restart too: test.sh installs its own tools). Grading's fresh containers
+(`readonly` runs: the pytest and functions graders) write nothing but scratch: a read-only root
+(`--read-only`), the workspace and binds mounted read-only, a private /tmp and /dev/shm of
+tmp_mb each, as in the bubblewrap sandbox (and podman's own /dev, 64 MiB). So workspace code the
+hidden tests call cannot plant a module in /grading or the image's standard library for the
+trusted grader to import.
 
 Memory kills are read from the kernel, never guessed from an exit status: the oom_kill count of
 the container's memory cgroup (memory.oom_control on cgroup v1, memory.events on v2) before
@@ -157,6 +163,8 @@ class ContainerSandbox:
         argv += ["--label", f"{LABEL}={workdir}"]
         argv += [x for k, v in SESSION_ENV.items() for x in ("-e", f"{k}={v}")]
         argv += ["-v", f"{workdir}:{mount_at}" + (":ro" if readonly else ""), "-w", mount_at]
+        if readonly:  # grading: /tmp and /dev/shm alone are writable (module doc)
+            argv += _scratch_only(limits)
         for src, dst, writable in binds:
             argv += ["-v", f"{Path(src).resolve()}:{dst}" + ("" if writable else ":ro")]
         argv += [self.image, "sleep", "infinity"]
@@ -462,6 +470,14 @@ class _Execution:
         if over_quota:
             self.hit.append("disk")
         return self
+
+
+def _scratch_only(limits: SandboxLimits) -> list[str]:
+    """A read-only root filesystem with a private /tmp and /dev/shm of `tmp_mb` each, as the
+    bubblewrap sandbox has (podman's own --read-only-tmpfs would add unsized /run and /var/tmp)."""
+    tmp = f"/tmp:rw,nosuid,nodev,mode=1777,size={limits.tmp_mb}m"
+    argv = ["--read-only", "--read-only-tmpfs=false", "--tmpfs", tmp]
+    return argv + [f"--shm-size={limits.tmp_mb}m"]
 
 
 def _check_fds(fds: Sequence[int], readonly: bool, engine: str) -> None:

@@ -20,7 +20,10 @@ the sandbox can write, and a test that never reports is failed, with the reason 
   __eq__ is always true: each only fails the test (a dead or hung worker fails the call it was
   in, named in failure_reason). The hidden tests reach the runner on a pipe, read after the
   factory was forked, and are mounted nowhere: no process running workspace code can read
-  them (from files, /proc, or memory it inherited) to return the values they assert.
+  them (from files, /proc, or memory it inherited) to return the values they assert. Nor can
+  it plant a module for the runner to import later (in /grading, in the standard library or its
+  __pycache__): the runner loads no module from a filesystem mounted writable, and a
+  container's grading has a read-only root (container_run.py).
 - pytest grader (grading_pytest.py + grading_plugin.py): tests and tested code share pytest's
   process, so it cannot be sound in general. A trusted non-dumpable parent runs pytest as a child
   and takes each outcome keyed with a random key it handed over before any test module was

@@ -27,6 +27,16 @@ descriptors through /proc; OUT ("fd:N", a pipe only this process holds) gets one
 message: ["outcome", id, "passed"|"failed", note], ["collect_error", path, note], ["note",
 text], ["end", exit status].
 
+Nor does this process ever load a module the sandbox could have written. Once grading_worker
+(and through it every module the runner itself loads from a file) is imported, /grading leaves
+sys.path and the path finder is replaced by one that refuses, as an ImportError with a note, a
+module whose file (source, bytecode or extension) lies on a filesystem mounted writable: the
+sandbox writes only such ones (the workspace, /tmp), while the interpreter, its packages and
+the runner's own files are mounted read-only (bubblewrap; a container's grading has a read-only
+root). So a module planted by workspace code (in /grading, in the standard library or its
+__pycache__) for a hidden test to import later never runs here, and a hidden test cannot
+import one from /tmp either. grading_pytest.py, importing this module, is sealed the same way.
+
 Same test ids ("tests/test_x.py::test_y") and rules as pytest where they overlap: test_*.py and
 *_test.py files of the tests in os.walk's sorted order, each imported as its basename with its
 directory searched first (pytest's "prepend" mode), workspace modules LAST (no workspace file can
@@ -65,6 +75,55 @@ _ModuleSpec = type(sys.__spec__)  # importlib.machinery.ModuleSpec, without impo
 # Code flags (inspect's CO_GENERATOR, CO_COROUTINE, CO_ASYNC_GENERATOR): importing inspect
 # would cost more than running the tests.
 _NOT_PLAIN = 0x20 | 0x80 | 0x200
+
+
+# ---------------------------------------------------------------- what the runner imports
+
+_PATH_FINDER = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
+
+
+def _on_writable_fs(path):
+    """Whether `path` (where it does not exist, the nearest existing directory above it) lies
+    on a filesystem mounted writable."""
+    while True:
+        try:
+            return not os.statvfs(path).f_flag & os.ST_RDONLY
+        except OSError:
+            if path in ("/", ""):
+                return True
+            path = path.rpartition("/")[0] or "/"
+
+
+class _ReadOnlyPathFinder:
+    """The path finder, in its place on sys.meta_path: a module whose file (source, bytecode or
+    extension) lies on a filesystem mounted writable is an ImportError, never loaded. The
+    sandbox writes only such filesystems (the workspace, /tmp), so nothing it planted (in
+    /grading, in the standard library or its __pycache__, beside a package) runs here; an honest
+    run loses nothing: its interpreter, its packages and /grading are mounted read-only."""
+
+    refused = []  # "module: file", for the notes
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        spec = _PATH_FINDER.find_spec(name, path, target)
+        for file in (spec.origin if spec.has_location else None, spec.cached) if spec else ():
+            if file and _on_writable_fs(file):
+                cls.refused.append(f"{name}: {file}")
+                raise ImportError(f"{name}: {file} is on a writable filesystem: not imported")
+        return spec
+
+
+def _seal_imports():
+    """From here on, this process imports nothing the sandbox could have written: the runner's
+    own directory leaves sys.path (it served its imports), every later import goes through
+    _ReadOnlyPathFinder."""
+    here = os.path.dirname(__file__)
+    sys.path[:] = [p for p in sys.path if p != here]
+    sys.path_importer_cache.pop(here, None)
+    sys.meta_path[sys.meta_path.index(_PATH_FINDER)] = _ReadOnlyPathFinder
+
+
+_seal_imports()
 
 
 # ---------------------------------------------------------------- proxies in the runner
@@ -287,7 +346,7 @@ def main(tests, workspace, out, budget_s):
         _emit(out_fd, "note", f"the grading did not start: {type(e).__name__}: {e}"[:_MAX_TEXT])
         _emit(out_fd, "end", 3)
         return
-    sys.meta_path.insert(sys.meta_path.index(_PATH_FINDER), finder)
+    sys.meta_path.insert(sys.meta_path.index(_ReadOnlyPathFinder), finder)
     sys.meta_path.append(_WorkspaceFinder(worker))
     root = _TESTS_ROOT
     tests, collect_errors = [], 0
@@ -317,10 +376,10 @@ def main(tests, workspace, out, budget_s):
             pass  # pytest, interrupted, also reports what ran so far
     worker.stop()
     factory.close()
+    for refused in _ReadOnlyPathFinder.refused[:3]:
+        _emit(out_fd, "note", f"not imported, on a writable filesystem: {refused}"[:_MAX_TEXT])
     _emit(out_fd, "end", 2 if collect_errors else int(failed))
 
-
-_PATH_FINDER = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
 
 if __name__ == "__main__":
     main(*sys.argv[1:5])

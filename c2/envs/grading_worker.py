@@ -3,11 +3,15 @@ sound): the factory every worker is forked from, the worker's loop that imports 
 workspace code, the runner's handle on a worker (Worker), and the plain-data wire between them.
 
 Not imported by c2: grading.py mounts this file (and its bytecode) beside grading_runner.py,
-which imports it as it starts, before any workspace code runs or any worker is forked.
+which imports it as it starts, before any workspace code runs or any worker is forked. Every
+module the runner loads from a file (_ctypes, _socket) is imported here, at the top: once this
+is imported, the runner imports nothing from a writable filesystem (grading_runner's doc).
 """
 
 import _ast
+import _ctypes  # prctl (the ctypes package costs 10 ms)
 import _signal as signal  # the signal module imports enum: 20 ms of start-up
+import _socket
 import os
 import select
 import sys
@@ -150,9 +154,7 @@ class _Factory:
     when asked ("stop"), answering its exit code."""
 
     def __init__(self, workspace, keep_out, deadline):
-        import _socket
-
-        self._s, self.deadline = _socket, deadline
+        self.deadline = deadline
         ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         self.pid = os.fork()
         if self.pid == 0:
@@ -160,7 +162,7 @@ class _Factory:
                 for fd in keep_out:
                     os.close(fd)
                 ours.close()
-                _factory_loop(_socket, theirs, workspace)
+                _factory_loop(theirs, workspace)
             finally:
                 os._exit(70)
         theirs.close()
@@ -170,10 +172,10 @@ class _Factory:
         """The factory's answer (an int) to `message`; WorkerError when it is gone or stuck."""
         if self.sock is None:
             raise WorkerError("the worker factory is gone")
-        s = self._s
         data = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)] if fds else []
         try:
-            self.sock.sendmsg([message], [(s.SOL_SOCKET, s.SCM_RIGHTS, data)] if fds else [])
+            self.sock.sendmsg([message], rights)
             left = max(self.deadline - time.monotonic(), 0) + 2.0  # a stop may follow the end
             if not select.select([self.sock], [], [], left)[0]:
                 raise TimeoutError
@@ -190,7 +192,7 @@ class _Factory:
             os.waitpid(self.pid, 0)
 
 
-def _factory_loop(_socket, sock, workspace):
+def _factory_loop(sock, workspace):
     while True:
         try:
             data, ancillary, _, _ = sock.recvmsg(64, _socket.CMSG_SPACE(8))
@@ -346,12 +348,10 @@ def _forget_runner():
 
 
 def _prctl_dumpable(flag):
-    """prctl(PR_SET_DUMPABLE, flag) through _ctypes (the ctypes package costs 10 ms)."""
-    import _ctypes
-
+    """prctl(PR_SET_DUMPABLE, flag) through _ctypes."""
     global _PRCTL
     if _PRCTL is None:
-        _PRCTL = _prctl(_ctypes)
+        _PRCTL = _prctl()
     prctl, ulong = _PRCTL
     if prctl(*(ulong(x) for x in (4, flag, 0, 0, 0))) != 0:  # 4: PR_SET_DUMPABLE
         raise OSError(_ctypes.get_errno(), f"prctl(PR_SET_DUMPABLE, {flag}) failed")
@@ -359,7 +359,7 @@ def _prctl_dumpable(flag):
         raise OSError(f"prctl(PR_SET_DUMPABLE, {flag}) did not take")
 
 
-def _prctl(_ctypes):
+def _prctl():
 
     class ULong(_ctypes._SimpleCData):
         _type_ = "L"

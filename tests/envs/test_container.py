@@ -572,3 +572,25 @@ def test_descriptors_reach_a_readonly_run_as_3_4_and_nothing_else_there_holds_th
     finally:
         for fd in (out_r, in_r):
             os.close(fd)
+
+
+@needs_engine
+def test_a_readonly_run_writes_only_its_scratch_and_an_episode_its_whole_filesystem(box, tmp_path):
+    """Grading's fresh container has a read-only root (nothing the tests call can plant a module
+    in /grading or the image's standard library for the trusted runner to import): /tmp and
+    /dev/shm, each of tmp_mb, are all it can write. The episode's container stays writable
+    (solutions install packages into the image)."""
+    sb, ws = box
+    mounted = tmp_path / "runner.py"
+    mounted.write_text("pass\n")
+    places = "/grading/new.py /grading/runner.py /usr/lib/new.py /etc/new /root/new /new"
+    places += " /var/tmp/new /run/new /app/new /tmp/new /dev/shm/new"
+    probe = f"for p in {places}; do echo x 2>/dev/null > $p && echo $p; done; "
+    probe += "head -c 20M /dev/zero > /tmp/big || echo tmp-full"
+    lim = SandboxLimits(timeout_s=60, memory_mb=256, tmp_mb=8)
+    binds = [(mounted, "/grading/runner.py", False)]
+    r = sb.run(probe, ws, mount_at="/app", readonly=True, binds=binds, limits=lim)
+    assert r.stdout.split() == ["/tmp/new", "/dev/shm/new", "tmp-full"], r
+    assert "No space left on device" in r.stderr
+    r = sb.run(probe, ws, mount_at="/app", limits=lim)
+    assert {"/usr/lib/new.py", "/etc/new", "/root/new", "/new", "/app/new"} <= set(r.stdout.split())

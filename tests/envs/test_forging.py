@@ -3,7 +3,8 @@
 Each case is a wrong solution plus a payload that, by one route, tries to report every hidden
 test as passed: the old results file, the grader's own message lines, every writable file, every
 open file descriptor, the results pipe reopened through /proc; or, on the "functions" grader,
-reads the hidden tests (files, /proc, memory) to return the values they assert. The payload
+reads the hidden tests (files, /proc, memory) to return the values they assert, or plants a
+module (in /grading, in the standard library) for the runner to import later. The payload
 knows the test ids and c2's protocol (the strongest attacker short of reading the grader's
 memory). Each runs on the "functions" grader (tests call the workspace through a worker process)
 and on the pytest grader (tests and workspace share a process), where the route applies, and on
@@ -15,13 +16,17 @@ pytest) once; where either is missing they skip, saying which, and under CI=true
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
 from _support import skip_or_fail
 
+from c2.envs import container_run
 from c2.envs import functions as fn
 from c2.envs.agents import ScriptedPolicy, tool_call
 from c2.envs.container import (
@@ -60,18 +65,21 @@ def _python_image() -> tuple[str | None, str | None]:
     return tag, None
 
 
-@pytest.fixture(scope="module", params=["bwrap", "podman"])
-def backend(request):
-    """The sandbox the grading runs in: bubblewrap, or podman containers of a Python image."""
-    if request.param == "bwrap":
-        yield request.getfixturevalue("sandbox")
-        return
+@pytest.fixture(scope="module")
+def podman():
+    """Podman containers of a Python image."""
     image, why = _python_image()
     if why is not None:
         skip_or_fail(f"container backend: {why}", "the container backend")
     sb = ContainerSandbox(image, limits=SandboxLimits(timeout_s=30, memory_mb=512))
     yield sb
     sb.close()
+
+
+@pytest.fixture(scope="module", params=["bwrap", "podman"])
+def backend(request):
+    """The sandbox the grading runs in: bubblewrap, or podman containers of a Python image."""
+    return request.getfixturevalue("sandbox" if request.param == "bwrap" else "podman")
 
 
 # Generic forging: every channel a results reader might use, old and new.
@@ -352,6 +360,121 @@ def test_a_result_equal_to_everything_cannot_pass_the_functions_grader(tasks, tm
     task, g = _grade_attack(tasks, "functions", files, tmp_path, backend, "eq")
     _assert_failed(task, g)
     assert "returned a Liar, which is not plain data" in g.failure_reason
+
+
+# Planted by workspace code where the trusted runner might import from later: a textwrap that,
+# loaded by the runner, replaces the runner's own _outcome, so every later test "passes".
+PLANT = r'''
+import importlib.util as _util, marshal as _marshal, os as _os
+
+_FORGED = (
+    "import sys\n"
+    "FORGED = True\n"
+    "if 'grading_runner' in sys.modules:\n"
+    "    sys.modules['grading_runner']._outcome = lambda fn: 'passed'\n"
+)
+
+
+def _planted(where, stdlib):
+    """(path, bytes) of the plant: a module in /grading, or in the standard library's own
+    directory as source or as an unchecked hash-based pyc (PEP 552: loaded whatever the source
+    beside it holds)."""
+    if where == "grading_dir":
+        return "/grading/textwrap.py", _FORGED.encode()
+    source = stdlib + "/textwrap.py"
+    if where == "stdlib_source":
+        return source, _FORGED.encode()
+    header = _util.MAGIC_NUMBER + (1).to_bytes(4, "little") + bytes(8)  # flags 1: unchecked
+    code = _marshal.dumps(compile(_FORGED, source, "exec"))
+    return _util.cache_from_source(source), header + code
+
+
+def _plant(where, stdlib=_os.path.dirname(_os.__file__)):
+    path, data = _planted(where, stdlib)
+    try:
+        _os.makedirs(_os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    except OSError:
+        pass
+'''
+LATER_IMPORT_TESTS = """from calc import triple
+
+
+def test_wraps():
+    import textwrap  # the runner's first import of it: after workspace code ran
+
+    assert textwrap is not None
+
+
+def test_triple():
+    assert triple(2) == 6
+"""
+
+
+@pytest.fixture(scope="module")
+def later_import_task(tmp_path_factory):
+    """A functions-graded task whose first test imports a standard module the runner has not
+    loaded yet, and whose second test fails on the wrong solution."""
+    return write_task(
+        tmp_path_factory.mktemp("later") / "calc",
+        instruction="triple is wrong",
+        metadata={
+            "task_id": "calc",
+            "fail_to_pass": ["tests/test_calc.py::test_triple"],
+            "pass_to_pass": ["tests/test_calc.py::test_wraps"],
+            "difficulty": 1,
+            "seed": 0,
+            "source": "test",
+            "grader": "functions",
+        },
+        workspace={"calc.py": "def triple(x):\n    return None\n"},
+        tests={"test_calc.py": LATER_IMPORT_TESTS},
+        solution={"calc.py": "def triple(x):\n    return 3 * x\n"},
+    )
+
+
+def test_the_planted_bytecode_is_what_python_loads(tmp_path):
+    """Control: beside the real source, the planted pyc is what an import of -B Python loads."""
+    ns: dict = {}
+    exec(PLANT, ns)
+    shutil.copy(textwrap.__file__, tmp_path / "textwrap.py")
+    ns["_plant"]("stdlib_bytecode", str(tmp_path))
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import textwrap; "
+    code += "print(getattr(textwrap, 'FORGED', False))"
+    run = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", code], capture_output=True, text=True
+    )
+    assert run.stdout == "True\n", run.stderr
+
+
+@pytest.mark.parametrize("where", ["grading_dir", "stdlib_source", "stdlib_bytecode"])
+def test_a_module_planted_for_the_runner_to_import_later_fails(later_import_task, where,
+                                                               tmp_path, backend):  # fmt: skip
+    """Workspace code (in the worker, at the tests' collection) plants textwrap where the
+    trusted runner would find it, in /grading or in the standard library; a hidden test imports
+    textwrap afterwards: nothing the sandbox can write is ever imported by the runner."""
+    task = later_import_task
+    wrong = "def triple(x):\n    return None\n" + PLANT + f"_plant({where!r})\n"
+    g = grade(task, _final(task, tmp_path, backend, {"calc.py": wrong}, where), backend)
+    _assert_failed(task, g)
+    # The import after the workspace code ran is the real module: nothing was planted.
+    assert g.correctness["pass_to_pass"] == {"tests/test_calc.py::test_wraps": True}
+
+
+@pytest.mark.parametrize("where", ["grading_dir", "stdlib_source", "stdlib_bytecode"])
+def test_the_runner_imports_nothing_from_a_writable_root(later_import_task, where, tmp_path,
+                                                         podman, monkeypatch):  # fmt: skip
+    """Defence in depth: a grading container left with a writable root (as an episode's is),
+    where the plant does land; the runner refuses every module on a writable filesystem, so
+    the later import fails rather than run what the workspace wrote, and the note says why."""
+    monkeypatch.setattr(container_run, "_scratch_only", lambda limits: [])
+    task = later_import_task
+    wrong = "def triple(x):\n    return None\n" + PLANT + f"_plant({where!r})\n"
+    g = grade(task, _final(task, tmp_path, podman, {"calc.py": wrong}, where), podman)
+    _assert_failed(task, g)
+    assert g.correctness["pass_to_pass"] == {"tests/test_calc.py::test_wraps": False}
+    assert "not imported, on a writable filesystem: textwrap: /" in g.failure_reason
 
 
 # Reads the hidden tests wherever a process running workspace code might find them, and answers

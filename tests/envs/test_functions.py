@@ -5,12 +5,16 @@ import json
 import re
 import shutil
 import string
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from c2.data.chat import AgentChat
 from c2.data.tokenizer import IM_END, ByteTokenizer
 from c2.envs import functions as fn
+from c2.envs import grading
 from c2.envs.agents import ScriptedPolicy, noop_policy
 from c2.envs.episode import compact_system_prompt, run_episode, system_prompt, task_system_prompt
 from c2.envs.grading import grade, pytest_outcomes, runner_outcomes
@@ -289,7 +293,7 @@ def test_functions_grader_with_hostile_workspace_code(tmp_path, sandbox):
         "import json, os\n"
         "ids = " + repr(m["fail_to_pass"]) + "\n"
         "for p in ('/grading/out/results.json', '/grading/grading_runner.py', "
-        f"'{host_file}', '/workspace/x'):\n"
+        f"'/grading/grading_worker.py', '{host_file}', '/workspace/x'):\n"
         "    try:\n"
         "        open(p, 'w').write('{}')\n"
         "    except OSError:\n"
@@ -312,6 +316,21 @@ def test_functions_grader_with_hostile_workspace_code(tmp_path, sandbox):
     run = runner_outcomes(task.tests_dir, spin, sandbox, limits=SandboxLimits(timeout_s=2))
     assert run.outcomes == {} and "limit wall_time" in run.error
     assert "wall_time" in run.sandbox.limits_hit
+
+
+def test_the_runner_imports_no_module_from_a_writable_filesystem(tmp_path):
+    """grading_runner, once imported, has left its own directory off sys.path and refuses any
+    module whose file lies on a filesystem mounted writable (here the host's tmp_path): nothing
+    the sandbox can write ever runs in the trusted runner."""
+    (tmp_path / "planted.py").write_text("PLANTED = True\n")
+    envs = str(Path(grading.__file__).parent)
+    code = f"import sys; sys.path.insert(0, {envs!r}); import grading_runner; "
+    code += f"print({envs!r} in sys.path); sys.path.insert(0, {str(tmp_path)!r}); import planted"
+    r = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", code], capture_output=True, text=True
+    )
+    assert r.stdout == "False\n", r.stderr
+    assert f"planted: {tmp_path}/planted.py is on a writable filesystem: not imported" in r.stderr
 
 
 def test_a_limit_hit_by_the_hidden_tests_fails_even_when_they_pass(tmp_path, sandbox):
