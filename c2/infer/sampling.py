@@ -37,19 +37,24 @@ class SamplingParams:
 
 
 def _filter_top_k_top_p(scaled_BV: jax.Array, top_k_B: jax.Array, top_p_B: jax.Array):
-    """Mask (to -inf) the tokens outside each row's top-k, then outside its top-p nucleus."""
+    """Mask (to -inf) the tokens outside each row's top-k, then outside its top-p nucleus.
+
+    Both filters keep a prefix of the row sorted by value, so the kept set is every token at or
+    above the prefix's smallest value: the sort finds that threshold, and the mask is a compare
+    with it, not a scatter back through the sort's permutation (a [B, V] scatter or gather
+    stops XLA's partitioner from keeping the rows sharded: the RL trainer's log-prob chunks were
+    gathered whole onto every device). A token tied with the threshold is kept, as
+    transformers' top-k keeps it."""
     V = scaled_BV.shape[-1]
-    order_BV = jnp.argsort(-scaled_BV, axis=-1, stable=True)
-    sorted_BV = jnp.take_along_axis(scaled_BV, order_BV, axis=-1)
+    sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
     rank_V = jnp.arange(V)
     keep_BV = (top_k_B[:, None] == 0) | (rank_V[None] < top_k_B[:, None])
     probs_BV = jax.nn.softmax(jnp.where(keep_BV, sorted_BV, -jnp.inf), axis=-1)
     mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
     # The smallest prefix holding top_p of the mass; top_p=1 keeps everything exactly.
     keep_BV &= (top_p_B[:, None] >= 1.0) | (mass_before_BV < top_p_B[:, None])
-    rows = jnp.arange(scaled_BV.shape[0])[:, None]
-    keep_BV = jnp.zeros_like(keep_BV).at[rows, order_BV].set(keep_BV)
-    return jnp.where(keep_BV, scaled_BV, -jnp.inf)
+    threshold_B1 = jnp.min(jnp.where(keep_BV, sorted_BV, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(scaled_BV >= threshold_B1, scaled_BV, -jnp.inf)
 
 
 def sampling_logprobs(

@@ -1,5 +1,7 @@
 """Sampling filters, the behaviour logprobs, and the speculative rejection rule (statistically)."""
 
+import re
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -176,3 +178,25 @@ def test_speculative_rule_greedy_keeps_matching_prefix():
 def test_sampling_params_reject_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs).validate(10)
+
+
+def test_top_k_keeps_ties_with_the_threshold():
+    logits = jnp.array([[3.0, 1.0, 2.0, 2.0, 0.0]])
+    got = sampling.sampling_logprobs(logits, jnp.ones(1), jnp.array([2], jnp.int32), jnp.ones(1))
+    np.testing.assert_array_equal(np.isfinite(got[0]), [True, False, True, True, False])
+
+
+def test_filters_keep_rows_sharded():
+    """The filters compile to no collective but a scalar's (whether any row filters) for a
+    row-sharded batch: the RL trainer's log-prob chunks ([tokens, vocab]) stay on their devices
+    (a scatter through the sort's permutation was gathered whole onto every device)."""
+    mesh = jax.make_mesh((8,), ("rows",))
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("rows"))
+    f = jax.jit(sampling.sampling_logprobs, in_shardings=rows, out_shardings=rows)
+    args = (
+        jax.ShapeDtypeStruct((64, 1000), jnp.float32),
+        *(jax.ShapeDtypeStruct((64,), d) for d in (jnp.float32, jnp.int32, jnp.float32)),
+    )
+    hlo = f.lower(*args).compile().as_text()
+    ops = re.findall(r"= (\S+) (all-gather|all-to-all|collective-permute|all-reduce)\(", hlo)
+    assert ops and all(shape.endswith("[]") for shape, _ in ops), ops
