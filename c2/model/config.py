@@ -77,6 +77,11 @@ class ModelConfig:
     expert_capacity_factor: float | None = None
     # Expert-parallel token exchange: ragged_all_to_all (GPU/TPU) or a padded all_to_all.
     expert_exchange: Literal["auto", "ragged", "padded"] = "auto"
+    # Expert-parallel tokens per exchange, per device (0: all of them at once): a device's tokens
+    # go through the exchange and the experts in chunks of this many, each rematerialised, so the
+    # exchange's buffers (~1.25 x tokens x k rows of d_model) are one chunk's; the backward runs
+    # each chunk's experts forward once more. Dropless, the result does not depend on it.
+    moe_token_chunk: int = 0
     remat: bool = False
     # Training-path attention (c2/model/attention.py). "dense" materialises float32 scores
     # [B, heads, T, S]; "blockwise" is flash-style (c2/model/flash.py: online softmax over K/V
@@ -187,6 +192,7 @@ def _validate(c: ModelConfig) -> None:
             c.expert_capacity_factor,
             "None with expert_exchange='ragged' (the ragged exchange is dropless)",
         )
+    need(c.moe_token_chunk >= 0, "moe_token_chunk", c.moe_token_chunk, ">= 0 (0: no chunks)")
     need(c.mtp_depth >= 0, "mtp_depth", c.mtp_depth, ">= 0")
     need(
         c.attention_impl in ("auto", "dense", "blockwise", "cudnn"),

@@ -508,13 +508,31 @@ def use_ragged_exchange(c: ModelConfig) -> bool:
 
 
 def _ep_body(x_BTH, idx_BTK, gates_BTK, experts, c, ep, token_axes):
+    """A device's tokens through the exchange, all at once or (`moe_token_chunk`) chunk by chunk:
+    every device of the expert group has as many tokens, so they all run as many exchanges. A
+    chunk is rematerialised, so the backward keeps only its inputs, not its exchange buffers."""
     B, T, H = x_BTH.shape
     args = (x_BTH.reshape(B * T, H), idx_BTK.reshape(B * T, -1), gates_BTK.reshape(B * T, -1))
-    if use_ragged_exchange(c):
-        y, dropped = _dispatch_expert_parallel_ragged(*args, experts, c, ep)
-    else:
-        y, dropped = _dispatch_expert_parallel(*args, experts, c, ep, token_axes)
-    return y.reshape(B, T, H), dropped
+
+    def dispatch(x_TH, idx_TK, gates_TK):
+        if use_ragged_exchange(c):
+            return _dispatch_expert_parallel_ragged(x_TH, idx_TK, gates_TK, experts, c, ep)
+        return _dispatch_expert_parallel(x_TH, idx_TK, gates_TK, experts, c, ep, token_axes)
+
+    chunk = c.moe_token_chunk
+    if not chunk or chunk >= B * T:
+        y, dropped = dispatch(*args)
+        return y.reshape(B, T, H), dropped
+    if (B * T) % chunk:
+        raise ValueError(
+            f"moe_token_chunk={chunk} does not divide a device's {B * T} tokens "
+            "(its share of batch x sequence length)"
+        )
+    n = B * T // chunk
+    y, dropped = jax.lax.map(
+        jax.checkpoint(lambda xs: dispatch(*xs)), [a.reshape(n, chunk, -1) for a in args]
+    )
+    return y.reshape(B, T, H), dropped.sum()
 
 
 def moe_block(

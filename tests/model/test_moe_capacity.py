@@ -43,7 +43,8 @@ def _value_and_grads(c, mesh, lp, x, seg, routing=None):
 @pytest.mark.parametrize("skewed", [False, True], ids=["router", "skewed"])
 def test_dropless_bounded_buffers_equal_one_device(skewed):
     """Dropless with bounded buffers equals the single-device dispatch, forward and backward,
-    also when every token picks the first shard's experts (every pair overflows: 7 rounds)."""
+    also when every token picks the first shard's experts (every pair overflows: 7 rounds); and
+    so does a device's tokens sent a chunk at a time (`moe_token_chunk`)."""
     c, mesh, lp, x, seg = _setup()
     routing = None
     if skewed:  # all tokens to experts 0 and 1 (shard 0): ep x the capacity of round 0
@@ -53,6 +54,8 @@ def test_dropless_bounded_buffers_equal_one_device(skewed):
     (ref, _), ref_grads = _value_and_grads(c, None, lp, x, seg, routing)
     assert int(dropped) == 0
     chex.assert_trees_all_close((loss, grads), (ref, ref_grads), atol=2e-5, rtol=2e-5)
+    chunked = _value_and_grads(c.replace(moe_token_chunk=8), mesh, lp, x, seg, routing)
+    chex.assert_trees_all_close(chunked, ((ref, 0), ref_grads), atol=2e-5, rtol=2e-5)
 
 
 def test_capacity_factor_drops_exactly_the_overflow():
@@ -110,3 +113,18 @@ def test_the_exchange_differentiates_without_per_element_ids():
     )
     ids = re.findall(rf"tensor<[0-9x]*x{c.d_model}xui32>", text)
     assert not ids, sorted(set(ids))
+
+
+def test_token_chunks_shrink_the_exchange_buffers():
+    """XLA's memory analysis of the step: chunks of a quarter of a device's tokens take the
+    temporaries down by more than 2x (4.2x measured: 121.6 -> 29.0 MB); a chunk that does not
+    divide a device's tokens is refused."""
+    c, mesh, lp, x, seg = _setup(tokens_per_device=256, d_model=256, d_ff_expert=512)
+    temp = [
+        _flops_and_temp(_compiled(cfg, mesh, lp, x, seg))[1]
+        for cfg in (c, c.replace(moe_token_chunk=64))
+    ]
+    print(f"temporaries: one exchange {temp[0]}, chunks of 64 tokens {temp[1]}")
+    assert temp[1] < temp[0] / 2
+    with pytest.raises(ValueError, match="moe_token_chunk=96 does not divide"):
+        _compiled(c.replace(moe_token_chunk=96), mesh, lp, x, seg)
