@@ -82,6 +82,11 @@ class ModelConfig:
     # exchange's buffers (~1.25 x tokens x k rows of d_model) are one chunk's; the backward runs
     # each chunk's experts forward once more. Dropless, the result does not depend on it.
     moe_token_chunk: int = 0
+    # The experts' FSDP all-gather in the compute dtype (`dtype`), not the masters' (`param_dtype`):
+    # half the bytes gathered and held per layer when the masters are float32, the same forward
+    # (the matmuls cast to `dtype` anyway); their gradients leave the layer and are summed over
+    # the FSDP shards in it too (bf16: a coarser sum than float32's).
+    expert_gather_in_dtype: bool = False
     remat: bool = False
     # Training-path attention (c2/model/attention.py). "dense" materialises float32 scores
     # [B, heads, T, S]; "blockwise" is flash-style (c2/model/flash.py: online softmax over K/V

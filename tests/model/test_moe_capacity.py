@@ -128,3 +128,36 @@ def test_token_chunks_shrink_the_exchange_buffers():
     assert temp[1] < temp[0] / 2
     with pytest.raises(ValueError, match="moe_token_chunk=96 does not divide"):
         _compiled(c.replace(moe_token_chunk=96), mesh, lp, x, seg)
+
+
+def test_experts_gathered_in_the_compute_dtype():
+    """`expert_gather_in_dtype`: float32 masters, bf16 compute, experts FSDP-sharded: the
+    experts enter the exchange's shard_map (where they are gathered over FSDP) as bf16, not
+    float32, and the forward is the same (the matmuls cast to bf16 either way); the gradients
+    agree to bf16's precision. (XLA:CPU runs a bf16 all-gather in float32 anyway; the GPU's
+    are bf16: `c2.bench.plan --compile_for h200`.)"""
+    c = model.presets.get(
+        "tiny_qwen3_moe",
+        dtype="bfloat16",
+        param_dtype="float32",
+        n_experts=16,
+        n_experts_per_token=4,
+    )
+    layout = sharding.Layout(
+        sharding.make_mesh(fsdp=2, expert=4), {**sharding.RULES, "expert_embed": "fsdp"}
+    )
+    params = model.init_params(c, jax.random.key(0), layout)["moe_layers"]["mlp"]
+    lp = jax.tree.map(lambda a: a[0], params)
+    x = jax.random.normal(jax.random.key(2), (8, 32, c.d_model), jnp.bfloat16)
+    seg = jnp.ones(x.shape[:2], jnp.int32)
+    gathered = c.replace(expert_gather_in_dtype=True)
+    (got, _), got_grads = _value_and_grads(gathered, layout, lp, x, seg)
+    (want, _), want_grads = _value_and_grads(c, layout, lp, x, seg)
+    assert got == want
+    chex.assert_trees_all_close(got_grads, want_grads, atol=0.05, rtol=0.02)
+    experts = {lp[k].shape for k in ("w_gate", "w_up", "w_down")}
+    for cfg, dtype in ((gathered, jnp.bfloat16), (c, jnp.float32)):
+        jaxpr = jax.make_jaxpr(lambda x, lp, cfg=cfg: _loss(x, lp, cfg, seg, layout))(x, lp)
+        shard_maps = [e for e in jaxpr.eqns if e.primitive.name == "shard_map"]
+        dtypes = {v.aval.dtype for e in shard_maps for v in e.invars if v.aval.shape in experts}
+        assert dtypes == {jnp.dtype(dtype)}, (cfg.expert_gather_in_dtype, dtypes)
