@@ -17,9 +17,10 @@ weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments ta
 (tests/train/test_configs.py checks this without allocating anything). bf16/MXFP8 compute, fp32
 master weights, rematerialised layers, the Pallas MXFP8 kernels, 2 micro-batches. Memory per GPU,
 the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
---config=experiments/cpt_kimi_k2.py --compile_for h200`, device-less): 242.7 GB (arguments 52.9,
-temporaries 189.8): it does not fit 141 GB. Context parallelism 4 (FSDP 8, 8 micro-batches) was
-worse (280 GB by XLA's rematerialisation pass).
+--config=experiments/cpt_kimi_k2.py --compile_for h200`, device-less): 188.9 GB (arguments 52.9,
+temporaries 136.0, with the expert exchange in 8k-token chunks and the experts gathered in bf16;
+242.7 without): it does not fit 141 GB. Context parallelism 4 (FSDP 8, 8 micro-batches, before
+the chunks) was worse (280 GB by XLA's rematerialisation pass).
 """
 
 from c2.train.config import stage_defaults
@@ -39,6 +40,11 @@ def get_config(arg=None):
     # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
     # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
     c.model.overrides.mxfp8_impl = "pallas"
+    # A GPU's 32k tokens through the expert exchange 8k at a time (its buffers a quarter; the
+    # backward runs each chunk's experts forward once more), the experts gathered over FSDP in
+    # bf16, not their float32 masters (half the bytes; gradients summed over FSDP in bf16).
+    c.model.overrides.moe_token_chunk = 8192
+    c.model.overrides.expert_gather_in_dtype = True
     c.data.kind = "pretrain"
     c.data.corpus = "/data/code.array_record"
     c.data.tokenizer = "/data/Kimi-K2-Instruct/tokenizer.json"

@@ -18,8 +18,9 @@ Attention is blockwise (c2/model/flash.py) with ring attention over the context 
 per GPU per layer (`python -m c2.bench.attention_memory --plan-256k`), where dense scores alone
 would need 2 TiB. Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m
 c2.bench.plan --config=experiments/long_context_kimi_k2.py --compile_for h200`, device-less):
-230.0 GB (parameters + Adam 52.9, temporaries 177.2): it does not fit 141 GB. Context 32 (FSDP
-1, 8k tokens a GPU, 4 micro-batches) came to 180 GB by XLA's rematerialisation pass.
+174.6 GB (parameters + Adam 52.9, temporaries 121.7, with the expert exchange in 8k-token chunks
+and the experts gathered in bf16; 230.0 without): it does not fit 141 GB. Context 32 (FSDP 1, 8k
+tokens a GPU, 4 micro-batches, before the chunks) came to 180 GB by XLA's rematerialisation pass.
 """
 
 from c2.train.config import stage_defaults
@@ -39,6 +40,11 @@ def get_config(arg=None):
     # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
     # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
     c.model.overrides.mxfp8_impl = "pallas"
+    # A GPU's 32k tokens through the expert exchange 8k at a time (its buffers a quarter; the
+    # backward runs each chunk's experts forward once more), the experts gathered over FSDP in
+    # bf16, not their float32 masters (half the bytes; gradients summed over FSDP in bf16).
+    c.model.overrides.moe_token_chunk = 8192
+    c.model.overrides.expert_gather_in_dtype = True
     c.model.overrides.max_seq_len = 262144
     c.model.overrides.attention_impl = "blockwise"
     c.model.overrides.attention_block_q = 512

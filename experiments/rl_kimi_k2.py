@@ -13,8 +13,9 @@ Memory per GPU (`python -m c2.bench.plan --config=experiments/rl_kimi_k2.py --co
 every program compiled whole, device-less): each engine 93.9 GB of 141 (bf16 weights 72.3, KV
 cache of 64 slots x 32k 18.4, one layer's experts gathered 3.2), so an engine needs 32 GPUs,
 4 nodes of 8: one Ray worker per node cannot hold it (its placement group is one node). The
-trainer: 918.5 GB (parameters + Adam 52.9, the frozen reference 17.6, the RL update's temporaries
-847.8; each log-prob forward's 56): it does not fit 141 GB.
+trainer: 193.2 GB (parameters + Adam 52.9, the frozen reference 17.6, the RL update's temporaries
+122.4; each log-prob forward's 31, with the expert exchange in 8k-token chunks and the experts
+gathered in bf16; 251.2 without them): it does not fit 141 GB.
 Expected: held-out pass@1 rises with best-of-16 not falling (docs/recipe.md §2: average and
 best-of-K rose together); train/inference mismatch p99 stays small thanks to router replay.
 """
@@ -36,6 +37,11 @@ def get_config(arg=None):
     # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
     # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
     c.model.overrides.mxfp8_impl = "pallas"
+    # A GPU's 32k tokens through the expert exchange 8k at a time (its buffers a quarter; the
+    # backward runs each chunk's experts forward once more), the experts gathered over FSDP in
+    # bf16, not their float32 masters (half the bytes; gradients summed over FSDP in bf16).
+    c.model.overrides.moe_token_chunk = 8192
+    c.model.overrides.expert_gather_in_dtype = True
     c.model.overrides.max_seq_len = 262144
     c.model.yarn.factor = 64.0
     c.model.yarn.original_max_position_embeddings = 4096

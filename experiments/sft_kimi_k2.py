@@ -9,9 +9,9 @@ Runtime: 500 steps x 256 x 32,768 tokens = 4.2B packed tokens at 3.26e11 FLOPs p
 Expected: held-out response bits per byte falls below the stage-2 model's; held-out code bits per
 byte rises by at most a few hundredths (targeted, small SFT).
 Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
---config=experiments/sft_kimi_k2.py --compile_for h200`, device-less): 229.5 GB (parameters +
-Adam 52.9, temporaries 176.7; each expert exchange's result alone is 9.2 GB at 32k tokens a GPU):
-it does not fit 141 GB.
+--config=experiments/sft_kimi_k2.py --compile_for h200`, device-less): 174.1 GB (parameters +
+Adam 52.9, temporaries 121.3, with the expert exchange in 8k-token chunks and the experts
+gathered in bf16; 229.5 without): it does not fit 141 GB.
 """
 
 from c2.train.config import stage_defaults
@@ -31,6 +31,11 @@ def get_config(arg=None):
     # The Pallas MXFP8 kernels, dense and grouped, per device: XLA:GPU's own ragged_dot is no
     # grouped GEMM (a 1.7 TB working set per GPU; BENCHMARKS.md, `c2.bench.plan --compile_for`).
     c.model.overrides.mxfp8_impl = "pallas"
+    # A GPU's 32k tokens through the expert exchange 8k at a time (its buffers a quarter; the
+    # backward runs each chunk's experts forward once more), the experts gathered over FSDP in
+    # bf16, not their float32 masters (half the bytes; gradients summed over FSDP in bf16).
+    c.model.overrides.moe_token_chunk = 8192
+    c.model.overrides.expert_gather_in_dtype = True
     c.model.overrides.max_seq_len = 262144
     c.model.yarn.factor = 64.0
     c.model.yarn.original_max_position_embeddings = 4096
