@@ -41,10 +41,9 @@ def _filter_top_k_top_p(scaled_BV: jax.Array, top_k_B: jax.Array, top_p_B: jax.A
 
     Both filters keep a prefix of the row sorted by value, so the kept set is every token at or
     above the prefix's smallest value: the sort finds that threshold, and the mask is a compare
-    with it, not a scatter back through the sort's permutation (a [B, V] scatter or gather
-    stops XLA's partitioner from keeping the rows sharded: the RL trainer's log-prob chunks were
-    gathered whole onto every device). A token tied with the threshold is kept, as
-    transformers' top-k keeps it."""
+    with it, not a scatter back through the sort's permutation (XLA's partitioner cannot keep a
+    [B, V] scatter's rows sharded: it would gather the RL trainer's log-prob chunks whole onto
+    every device). A token tied with the threshold is kept, as transformers' top-k keeps it."""
     V = scaled_BV.shape[-1]
     sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
     rank_V = jnp.arange(V)
