@@ -151,7 +151,7 @@ def _standin_xt_dy(x_MK, dy_MN, group_sizes_G):
 
 
 def _make_standin_ragged():
-    """moe._ragged for bf16 experts: the stand-in with a custom VJP (dx, dw; none for sizes)."""
+    """grouped._ragged for bf16 experts: the stand-in with a custom VJP (dx, dw; none for sizes)."""
     import jax
 
     @jax.custom_vjp
@@ -179,16 +179,16 @@ def _grouped_gemm(kind: str):
 def grouped_gemm_standin():
     """While active (tracing for the plan only; training never enters it), the expert grouped
     matmuls compile as stand-ins with a GPU grouped GEMM's buffers and FLOPs (see the module
-    doc): `c2.model.moe._ragged` (bf16 experts) and, inside `mxfp8_ragged_dot`'s custom VJP,
+    doc): `c2.model.grouped._ragged` (bf16 experts) and, inside `mxfp8_ragged_dot`'s custom VJP,
     `c2.quant.mxfp8._ragged_f32` (forward and input gradient) and `_grouped_xt_dy` (weight
     gradient). The MXFP8 quantise/dequantise around them is kept as it is."""
     import jax.numpy as jnp
 
-    from c2.model import moe
+    from c2.model import grouped
     from c2.quant import mxfp8
 
     standin_bf16 = _make_standin_ragged()
-    real_ragged = moe._ragged
+    real_ragged = grouped._ragged
 
     def ragged(x, w, group_sizes, c):
         if c.quant == "mxfp8":
@@ -196,14 +196,14 @@ def grouped_gemm_standin():
         dtype = jnp.dtype(c.dtype)
         return standin_bf16(x.astype(dtype), w.astype(dtype), group_sizes)
 
-    saved = (moe._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy)
-    moe._ragged = ragged
+    saved = (grouped._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy)
+    grouped._ragged = ragged
     mxfp8._ragged_f32 = _standin_dot
     mxfp8._grouped_xt_dy = _standin_xt_dy
     try:
         yield
     finally:
-        moe._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy = saved
+        grouped._ragged, mxfp8._ragged_f32, mxfp8._grouped_xt_dy = saved
 
 
 def collectives(hlo_text: str) -> dict[str, dict[str, int]]:

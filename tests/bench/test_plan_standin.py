@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from c2.bench import plan as plan_lib
-from c2.model import moe, presets
+from c2.model import grouped, presets
 from c2.quant import mxfp8
 
 M, K, N = 256, 64, 32
@@ -41,7 +41,7 @@ def _fwd_bwd(op):
 
 
 def _bf16_op(x, w, sizes):
-    return moe._ragged(x, w, sizes, presets.get("tiny_kimi_k2", dtype="bfloat16", quant="bf16"))
+    return grouped._ragged(x, w, sizes, presets.get("tiny_kimi_k2", dtype="bfloat16", quant="bf16"))
 
 
 def _mxfp8_op(x, w, sizes):
