@@ -325,7 +325,8 @@ def main(argv=None) -> dict:
 
 def _set_field(config, item: str) -> None:
     """`--set FIELD=VALUE`: a dotted FIELD is a path into the config (it must exist; a tuple's
-    VALUE is comma-separated), a bare one a model override (`config.model.overrides`)."""
+    VALUE is comma-separated), a bare one a model override (`config.model.overrides`);
+    `mesh.rules.AXIS` may name any logical axis (the config's rules are overrides)."""
     from c2.eval.ablate import set_field
 
     key, eq, value = item.partition("=")
@@ -335,6 +336,12 @@ def _set_field(config, item: str) -> None:
         config.model.overrides[key] = _parse_value(value)
         return
     new = [_parse_value(v) for v in value.split(",") if v] if "," in value else _parse_value(value)
+    if key.startswith("mesh.rules.") and key.count(".") == 2:
+        axis, rules = key.rpartition(".")[2], config.mesh.rules
+        if axis in rules:  # a rule's type may change (one mesh axis <-> several)
+            del rules[axis]
+        rules[axis] = tuple(new) if isinstance(new, list) else new
+        return
     try:
         set_field(config, key, new)
     except KeyError as e:

@@ -104,8 +104,16 @@ def _scan_layers(x, layers, c, positions, segment_ids, mesh, moe, routing, kv_st
     return x, stats, kv_stack
 
 
-def embed(params, tokens, c: ModelConfig):
-    return params["embed"].astype(jnp.dtype(c.dtype))[tokens]
+def embed(params, tokens, c: ModelConfig, mesh=None):
+    """Token embeddings [B, T, H]. On a mesh the (compute-dtype) table is gathered whole along
+    its embed dim first: a lookup from an embed-sharded table lands its rows sharded by embed,
+    and when the tokens are sharded over other axes (context parallelism) XLA's partitioner
+    can only reshard that by replicating the whole [B, T, H] result (60 GB a GPU at Kimi-K2's
+    32k tokens x 128 sequences; `python -m c2.bench.plan`)."""
+    table = params["embed"].astype(jnp.dtype(c.dtype))
+    if mesh is not None:
+        table = sharding.constrain(table, mesh, ("vocab", None))
+    return table[tokens]
 
 
 def lm_head(params, h, c: ModelConfig) -> jax.Array:
@@ -178,7 +186,7 @@ def forward(
             n_heads=c.n_heads,
             n_kv_heads=None if c.is_mla else c.n_kv_heads,
         )
-    x = sharding.constrain(embed(params, tokens, c), mesh, ("batch", "seq", None))
+    x = sharding.constrain(embed(params, tokens, c, mesh), mesh, ("batch", "seq", None))
     new_cache = None if cache is None else {"pos": cache["pos"]}
     aux = {}
     # Dense layers first, then MoE layers: each group is one stacked scan.
@@ -259,7 +267,7 @@ def mtp_module(
     mp = mtp_params(params, depth)
     if segment_ids is None:
         segment_ids = jnp.ones(next_tokens.shape, jnp.int32)
-    e = rms_norm(embed(params, next_tokens, c), mp["enorm"], c.rms_norm_eps)
+    e = rms_norm(embed(params, next_tokens, c, mesh), mp["enorm"], c.rms_norm_eps)
     hn = rms_norm(h, mp["hnorm"], c.rms_norm_eps)
     h = linear(jnp.concatenate([e, hn], -1), mp["eh_proj"], c, mesh=mesh)
     h, _, cache = block(

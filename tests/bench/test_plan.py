@@ -154,6 +154,11 @@ def test_set_reaches_any_config_field_and_names_a_missing_one():
     plan_lib._set_field(config, "rl.seq_buckets=256,512")
     assert config.model.overrides.remat is False and config.rl.single_forward is False
     assert config.rl.seq_buckets == (256, 512)
+    # A sharding rule may be new to the config's overrides, and change type.
+    plan_lib._set_field(config, "mesh.rules.embed=fsdp,context")
+    plan_lib._set_field(config, "mesh.rules.q_lora=fsdp")
+    plan_lib._set_field(config, "mesh.rules.q_lora=fsdp,context")
+    assert config.mesh.rules.embed == config.mesh.rules.q_lora == ("fsdp", "context")
     for item, said in [("rl.nope=1", "rl.nope"), ("nope.x=1", "nope"), ("remat", "FIELD=VALUE")]:
         with pytest.raises(SystemExit, match=said):
             plan_lib._set_field(config, item)

@@ -72,7 +72,11 @@ def test_overridden_rules_move_the_activations(constraints):
     hidden = step.lower(ps, toks_l, c, layout).compile().output_shardings[0][1][1]
     assert (q_shape, P(batch, "context", None, None)) in constraints
     assert (q_shape, default) not in constraints
-    assert all(spec[0] == batch for _, spec in constraints), constraints  # every activation
+    # The embedding table is gathered along its embed dim before the lookup (its vocab rule
+    # kept); every other constraint is an activation's, batch first.
+    table = (c.vocab_size, c.d_model)
+    assert (table, P(BATCH_ON_TENSOR["vocab"], None)) in constraints
+    assert all(spec[0] == batch for shape, spec in constraints if shape != table), constraints
     want = NamedSharding(mesh, P(batch, "context", None))
     assert hidden.is_equivalent_to(want, 3), hidden
 
@@ -178,7 +182,11 @@ def test_the_stage_takes_its_rules_to_the_activations(constraints):
     }
     data["loss_mask"] = jax.ShapeDtypeStruct((8, 32), jnp.float32, sharding=task.batch_sharding)
     jax.eval_shape(task.loss_fn, params, data, jax.random.key(0))
-    assert constraints and all(spec[0] == batch for _, spec in constraints), constraints
+    cfg = lm.model_config(c)
+    table = (cfg.vocab_size, cfg.d_model)  # the embedding table, gathered along embed
+    assert (table, P(BATCH_ON_TENSOR["vocab"], None)) in constraints
+    activations = [spec for shape, spec in constraints if shape != table]
+    assert activations and all(spec[0] == batch for spec in activations), constraints
 
 
 def test_a_mesh_spec_names_axis_sizes_and_bad_specs_say_what_is_wrong():
