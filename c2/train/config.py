@@ -20,6 +20,7 @@ SCHEDULES = ("cosine", "linear", "constant", "wsd")
 MTP_DISTILL = ("kl", "ce")
 DATA_KINDS = ("pretrain", "sft")
 QUANT = ("bf16", "mxfp8")
+MU_DTYPES = ("", "bfloat16", "float32")
 # Sections whose keys are not fixed here: checked against the model / sharding rules instead.
 FREE_FORM = {"overrides": "ModelConfig fields", "rules": "logical axis -> mesh axes"}
 
@@ -83,6 +84,9 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.optimizer.eps = 1e-8
     c.optimizer.weight_decay = 0.1
     c.optimizer.clip_norm = 1.0
+    # Adam's first moment in this dtype ("" = the parameters'); "bfloat16" halves its bytes, as
+    # DeepSeek-V3 keeps its moments (the second moment stays float32: optax's own `mu_dtype`).
+    c.optimizer.mu_dtype = ""
     # Parameters the optimiser never touches (regex on the "/"-joined path): the router's
     # balancing bias is moved by the aux-loss-free rule after each step instead.
     c.optimizer.frozen = "router_bias|e_score_correction_bias"
@@ -268,6 +272,7 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
             f"config.train.loss_chunk_tokens={chunk}: must divide config.data.seq_len="
             f"{config.data.seq_len} (0 turns chunking off)"
         )
+    _check_choice("optimizer.mu_dtype", config.optimizer.get("mu_dtype", ""), MU_DTYPES)
     if not 0.0 < config.optimizer.decay_fraction <= 1.0:
         raise ConfigError(
             f"config.optimizer.decay_fraction: expected in (0, 1], got "

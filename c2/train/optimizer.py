@@ -63,6 +63,7 @@ def make_optimizer(
             eps=opt.eps,
             weight_decay=opt.weight_decay,
             mask=decay_mask,
+            mu_dtype=opt.get("mu_dtype") or None,
         ),
     )
     labels = param_labels(params, opt.frozen)

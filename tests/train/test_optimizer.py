@@ -81,3 +81,35 @@ def test_clipping_bounds_the_first_adam_step_input():
 def test_unknown_schedule_is_named():
     with pytest.raises(ValueError, match="config.optimizer.schedule"):
         make_schedule(_opt(schedule="exp"), 10)
+
+
+def test_bf16_first_moment_halves_its_bytes_and_tracks_the_float32_update():
+    params = _params()
+    grads = jax.tree.map(lambda p: 0.1 * jnp.cos(p + 1.0), params)
+    kw = dict(lr=0.1, warmup_steps=0, schedule="constant", clip_norm=0.0)
+    updates = {}
+    for mu_dtype in ("", "bfloat16"):
+        tx, _ = make_optimizer(_opt(mu_dtype=mu_dtype, **kw), 10, params)
+        state = tx.init(params)
+        mus = [
+            leaf
+            for path, leaf in jax.tree_util.tree_leaves_with_path(state)
+            if "mu" in jax.tree_util.keystr(path)
+        ]
+        assert mus and {m.dtype for m in mus} == {jnp.dtype(mu_dtype or jnp.float32)}, (
+            f"mu_dtype={mu_dtype!r}: first moments in {[m.dtype for m in mus]}"
+        )
+        for _ in range(3):
+            upd, state = tx.update(grads, state, params)
+        updates[mu_dtype] = upd
+    # bf16 keeps ~3 significant digits of the moment: the update moves by about that much.
+    chex.assert_trees_all_close(updates["bfloat16"], updates[""], rtol=2e-2, atol=1e-6)
+
+
+def test_unknown_mu_dtype_is_refused():
+    from c2.train.config import ConfigError, validate_stage
+
+    config = stage_defaults()
+    config.optimizer.mu_dtype = "float16"
+    with pytest.raises(ConfigError, match="optimizer.mu_dtype"):
+        validate_stage(config, num_devices=1)
