@@ -179,6 +179,7 @@ def plan_rl_trainer(name, config, cfg, layout, device_memory_gb: float) -> dict:
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
 
+    from c2.model.params import frozen_copy
     from c2.rl import config as rl_config
     from c2.rl.objectives import EFFORT_TERMS
     from c2.rl.step_inputs import is_zero
@@ -206,8 +207,12 @@ def plan_rl_trainer(name, config, cfg, layout, device_memory_gb: float) -> dict:
     effort = {n: per_row() for n in EFFORT_TERMS} if learner.use_length_penalty else {}
     step = jax.ShapeDtypeStruct((), jnp.int32)
     programs, logps = {}, []
+    ref_params = jax.eval_shape(lambda p: frozen_copy(p, cfg), params)
+    ref_params = jax.tree.map(  # the reference keeps the policy's shardings
+        lambda r, p: jax.ShapeDtypeStruct(r.shape, r.dtype, sharding=p.sharding), ref_params, params
+    )
     if learner.needs_ref:
-        ref = learner._ref_logp_jit.lower(params, batch).compile()
+        ref = learner._ref_logp_jit.lower(ref_params, batch).compile()
         programs["reference log-probs"] = program_memory(ref)
         ref_kl = _abstract_like(ref.out_info)
         logps.append(ref_kl)
@@ -229,7 +234,7 @@ def plan_rl_trainer(name, config, cfg, layout, device_memory_gb: float) -> dict:
     parts = {
         "parameters": param_bytes,
         "optimiser state": shard_bytes(opt),
-        "reference parameters": param_bytes if learner.needs_ref else 0,
+        "reference parameters": shard_bytes(ref_params) if learner.needs_ref else 0,
         "batch, rewards and log-probs": shard_bytes((batch, terms, effort, logps)),
         f"largest program ({largest}): temporaries + outputs": programs[largest]["extra"],
     }

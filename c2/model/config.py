@@ -84,8 +84,9 @@ class ModelConfig:
     moe_token_chunk: int = 0
     # The experts' FSDP all-gather in the compute dtype (`dtype`), not the masters' (`param_dtype`):
     # half the bytes gathered and held per layer when the masters are float32, the same forward
-    # (the matmuls cast to `dtype` anyway); their gradients leave the layer and are summed over
-    # the FSDP shards in it too (bf16: a coarser sum than float32's).
+    # (the matmuls cast to `dtype` anyway; every MoE path casts first); their gradients leave
+    # the layer and are summed over the FSDP shards in it too (bf16: a coarser sum than
+    # float32's). A frozen copy (the RL reference) keeps the experts in `dtype` (`frozen_copy`).
     expert_gather_in_dtype: bool = False
     remat: bool = False
     # Training-path attention (c2/model/attention.py). "dense" materialises float32 scores

@@ -187,6 +187,24 @@ def abstract_params(c: ModelConfig) -> dict:
     )
 
 
+def routed_experts(c: ModelConfig) -> dict:
+    """True for the routed experts' weights (the leaves with an `experts` axis), else False."""
+    return jax.tree.map(lambda s: "experts" in s.axes, param_specs(c), is_leaf=_is_spec)
+
+
+def frozen_copy(params: dict, c: ModelConfig) -> dict:
+    """A frozen copy of `params` for forwards only (the RL reference): with
+    `expert_gather_in_dtype` every MoE path casts the routed experts to `dtype` before using
+    them, so they are kept in it (the same values; Kimi-K2's float32 experts are 90% of its
+    bytes); every other weight as it is."""
+    if not c.expert_gather_in_dtype:
+        return params
+    dtype = jnp.dtype(c.dtype)
+    return jax.tree.map(
+        lambda p, routed: p.astype(dtype) if routed else p, params, routed_experts(c)
+    )
+
+
 def check_mesh(c: ModelConfig, mesh: Mesh | AbstractMesh | sharding.Layout, rules=None) -> None:
     """Every dimension the rules shard divisible by its mesh axes, else one ValueError naming
     each config field, its value, the mesh axes and their size (jax would name none of them).

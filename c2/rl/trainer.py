@@ -39,6 +39,7 @@ from c2.envs.sandbox import Sandbox
 from c2.envs.tasks import Task
 from c2.infer.engine import Engine
 from c2.model.config import ModelConfig
+from c2.model.params import frozen_copy
 from c2.rl import config as rl_config
 from c2.rl import engine_weights, evaluation, orchestrator
 from c2.rl.batching import make_batch, reward_arrays
@@ -189,7 +190,7 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
         async_save=config.train.async_checkpoints,
     )
     start, params, opt_state, ref_params, ledger, counters = _restore(
-        config, task, tx, ckpt, order, workdir
+        config, cfg, task, tx, ckpt, order, workdir
     )
     if primary:
         _set_aside_lost_steps(workdir / "rollouts", start)
@@ -219,9 +220,10 @@ def _set_up(config: ml_collections.ConfigDict, workdir: Path) -> Stage:
     )
 
 
-def _restore(config, task, tx, ckpt: Checkpointer, order: list[str], workdir: Path):
+def _restore(config, cfg, task, tx, ckpt: Checkpointer, order: list[str], workdir: Path):
     """(start, params, opt_state, ref_params, ledger, counters): the newest checkpoint's, else
-    a fresh start from the reference (config.init_from, or a seeded init)."""
+    a fresh start from the reference (config.init_from, or a seeded init). The reference is
+    kept as its forwards read it (`frozen_copy`)."""
     abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
     if config.init_from:
         ref_params = load_init_params(config.init_from, task)
@@ -231,7 +233,9 @@ def _restore(config, task, tx, ckpt: Checkpointer, order: list[str], workdir: Pa
     if restored is None:
         params = jax.tree.map(jnp.copy, ref_params)
         opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+        ref_params = frozen_copy(ref_params, cfg)
         return 0, params, opt_state, ref_params, Ledger(order, []), Counters()
+    ref_params = frozen_copy(ref_params, cfg)
     start, params, opt_state, meta = restored
     ledger = Ledger(order, list(meta["consumed"]))
     log.info("resumed %s at step %d (%d prompts consumed)", workdir, start, len(ledger.consumed))

@@ -161,3 +161,31 @@ def test_experts_gathered_in_the_compute_dtype():
         shard_maps = [e for e in jaxpr.eqns if e.primitive.name == "shard_map"]
         dtypes = {v.aval.dtype for e in shard_maps for v in e.invars if v.aval.shape in experts}
         assert dtypes == {jnp.dtype(dtype)}, (cfg.expert_gather_in_dtype, dtypes)
+
+
+@pytest.mark.parametrize("mesh_axes", [None, {"fsdp": 2, "expert": 4}])
+def test_a_frozen_copy_keeps_the_experts_in_the_compute_dtype_with_the_same_logits(mesh_axes):
+    """`frozen_copy` (the RL reference): with `expert_gather_in_dtype` the routed experts are
+    stored in bf16, every other weight as it was, and the whole model's logits are bit for bit
+    the float32 masters' (every MoE path casts the experts first), on one device and on an
+    expert-parallel mesh; without the flag the copy is the same tree."""
+    from c2.model.params import frozen_copy, routed_experts
+
+    c = model.presets.get(
+        "tiny_kimi_k2", dtype="bfloat16", param_dtype="float32", expert_gather_in_dtype=True
+    )
+    layout = None
+    if mesh_axes:
+        layout = sharding.Layout(
+            sharding.make_mesh(**mesh_axes), {**sharding.RULES, "expert_embed": "fsdp"}
+        )
+    params = model.init_params(c, jax.random.key(0), layout)
+    ref = frozen_copy(params, c)
+    routed = routed_experts(c)
+    assert sum(jax.tree.leaves(routed)) == 3 * (1 + bool(c.mtp_depth))  # the layers' and MTP's
+    for p, r, is_expert in zip(*map(jax.tree.leaves, (params, ref, routed))):
+        assert r.dtype == (jnp.bfloat16 if is_expert else p.dtype) and r.shape == p.shape
+    tokens = jax.random.randint(jax.random.key(1), (8, 32), 0, c.vocab_size)
+    forward = jax.jit(lambda p: model.forward(p, tokens, c, mesh=layout)[0])
+    np.testing.assert_array_equal(np.asarray(forward(ref)), np.asarray(forward(params)))
+    assert frozen_copy(params, c.replace(expert_gather_in_dtype=False)) is params
