@@ -12,15 +12,16 @@ peak (989 TFLOP/s each); MXFP8 matmuls raise the peak.
 Expected: held-out bits per byte of the code corpus falls log-linearly with compute (docs/recipe.md
 §0); MTP acceptance rises above 0.8 (the draft model for speculative decoding).
 
-Layout: expert parallelism 8 (48 of the 384 experts per shard), FSDP 32 over the rest; expert
-weights are also FSDP-sharded (`mesh.rules`), so parameters plus Adam moments take ~53 GB per GPU
-(tests/train/test_configs.py checks this without allocating anything). bf16/MXFP8 compute, fp32
-master weights, rematerialised layers, the Pallas MXFP8 kernels, 2 micro-batches. Memory per GPU,
-the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
---config=experiments/cpt_kimi_k2.py --compile_for h200`, device-less): 188.9 GB (arguments 52.9,
-temporaries 136.0, with the expert exchange in 8k-token chunks and the experts gathered in bf16;
-242.7 without): it does not fit 141 GB. Context parallelism 4 (FSDP 8, 8 micro-batches, before
-the chunks) was worse (280 GB by XLA's rematerialisation pass).
+Layout: expert parallelism 8 (48 of the 384 experts per shard), context parallelism 4 (each 32k
+sequence over 4 GPUs, ring attention: 8k tokens a GPU), FSDP 8; every weight, experts included,
+sharded over fsdp x context (`mesh.rules`), 32 ways. bf16/MXFP8 compute, fp32 master weights,
+Adam's first moment in bf16 (as DeepSeek-V3), rematerialised layers, the Pallas MXFP8 kernels,
+8 micro-batches of one sequence per 4 GPUs. Memory per GPU, the whole step compiled by XLA:GPU
+for 256 H200 (`python -m c2.bench.plan --config=experiments/cpt_kimi_k2.py --compile_for h200`,
+device-less): 136.6 GB of 141 (parameters 17.6, Adam 26.4, temporaries 92.6, of which the
+float32 gradient and its accumulator across micro-batches ~32). What fitting cost: the ring's
+collective permutes (10 GB a step) and 8 smaller micro-batches where 2 were; without context
+parallelism (FSDP 32, 32k tokens a GPU) the step needs 188.9 GB.
 """
 
 from c2.train.config import stage_defaults
@@ -51,28 +52,29 @@ def get_config(arg=None):
     c.data.seq_len = 32768
     c.data.batch_size = 512
     c.data.eval_batches = 64
-    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 32, 8, 1, 1
-    # FSDP-shard what the default rules replicate: expert weights and the MLA low-rank
+    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 8, 8, 4, 1
+    # Every weight sharded over fsdp x context (the context shards hold no weights of their own
+    # otherwise): what the default rules replicate too, the expert weights and the MLA low-rank
     # projections (the only axes of wq_b / wkv_b that are not heads).
-    c.mesh.rules.expert_embed = "fsdp"
-    c.mesh.rules.q_lora = "fsdp"
-    c.mesh.rules.kv_lora = "fsdp"
+    for axis in ("embed", "expert_embed", "q_lora", "kv_lora"):
+        c.mesh.rules[axis] = ("fsdp", "context")
     c.optimizer.lr = 2e-5  # continued pretraining: a fraction of the base model's peak
     c.optimizer.schedule = "wsd"
     c.optimizer.warmup_steps = 200
     c.optimizer.decay_fraction = 0.2
     c.optimizer.end_lr_ratio = 0.1
     c.optimizer.weight_decay = 0.1
+    c.optimizer.mu_dtype = "bfloat16"  # 8.8 GB a GPU less; the second moment stays float32
     c.train.steps = 12000
     c.train.checkpoint_every = 250
     c.train.eval_every = 500
     c.train.log_every = 10
     c.train.mtp_weight = 0.3
     # The LM head + losses over chunks of positions: the whole [tokens, vocab] float32 logits
-    # (43 GB per copy per GPU at 65,536 tokens x 163,840) never exist (c2.bench.plan).
+    # (5.4 GB a copy per GPU at 8,192 tokens x 163,840) never exist (c2.bench.plan).
     c.train.loss_chunk_tokens = 2048
-    # Gradient accumulation: the 2 sequences of 32k per GPU one at a time (c2.bench.plan).
-    c.train.micro_batches = 2
+    # Gradient accumulation: each 4-GPU context group's 8 sequences one at a time (c2.bench.plan).
+    c.train.micro_batches = 8
     c.train.router_bias_rate = 1e-3
     c.train.progress_bar = False
     return c

@@ -1,26 +1,26 @@
 """Stage 2 at real scale: Kimi-K2 long-context extension to 256k tokens with YaRN (docs/recipe.md
-§1.2), context parallelism 8 and expert parallelism 8 on 256 GPUs.
+§1.2), context parallelism 32 and expert parallelism 8 on 256 GPUs.
 
 Command (after experiments/cpt_kimi_k2.py):
     python -m c2.main --config=experiments/long_context_kimi_k2.py --workdir=runs/lc_kimi_k2 \\
         --distributed
 with long code documents in /data/long_code.array_record (--config.data.corpus to change).
-Runtime: 400 steps x 32 x 262,144 tokens = 3.4B tokens at 1.2e12 FLOPs per token (attention
+Runtime: 1,600 steps x 8 x 262,144 tokens = 3.4B tokens at 1.2e12 FLOPs per token (attention
 dominates at this length) = 4.0e21 FLOPs: about 11 hours on 256 H200 at 40% of the bf16 peak.
 Expected: held-out bits per byte at 256k tokens falls to about the 32k value (the model uses the
 long context); at 32k it stays within a few hundredths of stage 1.
 
-Layout: each 256k sequence is split over the 8-way context axis (32k tokens per GPU), expert
-parallelism 8, FSDP 4; parameters are sharded over fsdp x context too (`mesh.rules`), ~53 GB per GPU
-for parameters and Adam moments. YaRN factor 64 over Kimi-K2's original 4,096 positions.
-Attention is blockwise (c2/model/flash.py) with ring attention over the context axis
-(c2/model/ring.py): no [heads, T, S] scores; its fwd + bwd compiles to ~13.5 GiB of temporaries
-per GPU per layer (`python -m c2.bench.attention_memory --plan-256k`), where dense scores alone
-would need 2 TiB. Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m
-c2.bench.plan --config=experiments/long_context_kimi_k2.py --compile_for h200`, device-less):
-174.6 GB (parameters + Adam 52.9, temporaries 121.7, with the expert exchange in 8k-token chunks
-and the experts gathered in bf16; 230.0 without): it does not fit 141 GB. Context 32 (FSDP 1, 8k
-tokens a GPU, 4 micro-batches, before the chunks) came to 180 GB by XLA's rematerialisation pass.
+Layout: each 256k sequence is split over the 32-way context axis (8k tokens per GPU), expert
+parallelism 8, no FSDP axis: every weight is sharded over context (`mesh.rules`, 32 ways), so
+each 32-GPU group holds one sequence and a step is 8 sequences with no gradient accumulation.
+YaRN factor 64 over Kimi-K2's original 4,096 positions. Attention is blockwise (c2/model/flash.py)
+with ring attention over the context axis (c2/model/ring.py): no [heads, T, S] scores. Memory per
+GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
+--config=experiments/long_context_kimi_k2.py --compile_for h200`, device-less): 119.7 GB of 141
+(parameters 17.6, Adam with its first moment in bf16 26.4, temporaries 75.7). What fitting cost:
+a 2M-token step where 8M were (4x the optimizer steps for the same tokens) and a 32-step ring.
+Context 8 with FSDP 4 (32k tokens a GPU) needs 174.6 GB; context 32 with 32 sequences in 4
+micro-batches 144.8 (the float32 gradient's accumulator and its copies take ~25 GB).
 """
 
 from c2.train.config import stage_defaults
@@ -59,26 +59,25 @@ def get_config(arg=None):
     c.data.corpus = "/data/long_code.array_record"
     c.data.tokenizer = "/data/Kimi-K2-Instruct/tokenizer.json"
     c.data.seq_len = 262144
-    c.data.batch_size = 32
-    c.data.eval_batches = 16
-    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 4, 8, 8, 1
-    # FSDP-shard what the default rules replicate: expert weights and the MLA low-rank
-    # projections (the only axes of wq_b / wkv_b that are not heads).
-    c.mesh.rules.embed = ("fsdp", "context")
-    c.mesh.rules.expert_embed = ("fsdp", "context")
-    c.mesh.rules.q_lora = ("fsdp", "context")
-    c.mesh.rules.kv_lora = ("fsdp", "context")
+    c.data.batch_size = 8  # one sequence per 32-GPU context group: no gradient accumulation
+    c.data.eval_batches = 64
+    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 1, 8, 32, 1
+    # Every weight sharded over fsdp x context (here the context axis alone): what the default
+    # rules replicate too, the expert weights and the MLA low-rank projections.
+    for axis in ("embed", "expert_embed", "q_lora", "kv_lora"):
+        c.mesh.rules[axis] = ("fsdp", "context")
     c.optimizer.lr = 1e-5
     c.optimizer.schedule = "cosine"
-    c.optimizer.warmup_steps = 20
+    c.optimizer.warmup_steps = 80
     c.optimizer.end_lr_ratio = 0.1
-    c.train.steps = 400
-    c.train.checkpoint_every = 50
-    c.train.eval_every = 100
+    c.optimizer.mu_dtype = "bfloat16"  # 8.8 GB a GPU less; the second moment stays float32
+    c.train.steps = 1600
+    c.train.checkpoint_every = 200
+    c.train.eval_every = 400
     c.train.log_every = 1
     c.train.mtp_weight = 0.3
-    # The LM head + losses over chunks of positions (2,048 per GPU: each chunk is spread over the
-    # context shards): the whole [tokens, vocab] float32 logits (21 GB per copy per GPU at 32,768
+    # The LM head + losses over chunks of positions (512 per GPU: each chunk is spread over the
+    # context shards): the whole [tokens, vocab] float32 logits (5.4 GB per copy per GPU at 8,192
     # tokens x 163,840) never exist (c2.bench.plan).
     c.train.loss_chunk_tokens = 16384
     c.train.progress_bar = False

@@ -1,6 +1,7 @@
 """The RL stage at real scale: Kimi-K2 (1.04T total, 33B active) trained by policy-gradient RL
 on software-engineering tasks (docs/recipe.md §2): the trainer on 256 GPUs (expert parallelism 8,
-FSDP 32, one 32k-token episode per GPU), the rollouts on a Ray fleet of 4 engines x 32 GPUs.
+context parallelism 8, FSDP 4: one 32k-token episode per 8 GPUs), the rollouts on a Ray fleet
+of 4 engines x 32 GPUs.
 
 Command (on the cluster's Ray head, after experiments/sft_kimi_k2.py; tasks in /data/swe_tasks,
 held-out ones in /data/swe_tasks_heldout, /data shared by every node):
@@ -10,12 +11,13 @@ reach the engines through the weight store.
 Runtime: 500 steps x 64 prompts x 16 samples; generation dominates: at 32k tokens per episode,
 about 5e8 generated tokens in all.
 Memory per GPU (`python -m c2.bench.plan --config=experiments/rl_kimi_k2.py --compile_for h200`:
-every program compiled whole, device-less): each engine 93.9 GB of 141 (bf16 weights 72.3, KV
-cache of 64 slots x 32k 18.4, one layer's experts gathered 3.2), so an engine needs 32 GPUs,
-4 nodes of 8: one Ray worker per node cannot hold it (its placement group is one node). The
-trainer: 193.2 GB (parameters + Adam 52.9, the frozen reference 17.6, the RL update's temporaries
-122.4; each log-prob forward's 31, with the expert exchange in 8k-token chunks and the experts
-gathered in bf16; 251.2 without them): it does not fit 141 GB.
+every program compiled whole, device-less): the trainer 132.0 GB of 141 (parameters 17.6, Adam
+with its first moment in bf16 26.4, the frozen reference with its experts in bf16 9.6, the RL
+update's temporaries 78.2; 193.2 GB without context parallelism, at 32k tokens a GPU); what
+fitting cost: 32 micro-batches a step where 4 were, an 8-step ring. Each engine 93.9 GB (bf16
+weights 72.3, KV cache of 64 slots x 32k 18.4, one layer's experts gathered 3.2), so an engine
+needs 32 GPUs, 4 nodes of 8. The engine runs on a mesh across processes (one per node, in
+lockstep), but a Ray worker is one actor on one node: the fleet cannot place these engines yet.
 Expected: held-out pass@1 rises with best-of-16 not falling (docs/recipe.md §2: average and
 best-of-K rose together); train/inference mismatch p99 stays small thanks to router replay.
 """
@@ -50,26 +52,29 @@ def get_config(arg=None):
     c.model.yarn.mscale = 1.0
     c.model.yarn.mscale_all_dim = 1.0
     c.data.tokenizer = "/data/Kimi-K2-Instruct/tokenizer.json"
-    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 32, 8, 1, 1
-    c.mesh.rules.expert_embed = "fsdp"
-    c.mesh.rules.q_lora = "fsdp"
-    c.mesh.rules.kv_lora = "fsdp"
+    # The trainer: context parallelism 8 (each 32k episode over 8 GPUs, ring attention: 4k
+    # tokens a GPU), experts over 8, FSDP 4; every weight sharded over fsdp x context, 32 ways
+    # (the engines' mesh has neither axis: no change there).
+    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 4, 8, 8, 1
+    for axis in ("embed", "expert_embed", "q_lora", "kv_lora"):
+        c.mesh.rules[axis] = ("fsdp", "context")
     # The engines' expert FFNs over their tensor axis (training has tensor 1: no change there).
     c.mesh.rules.expert_mlp = "tensor"
     c.optimizer.lr = 1e-6
     c.optimizer.schedule = "constant"
     c.optimizer.warmup_steps = 10
+    c.optimizer.mu_dtype = "bfloat16"  # 8.8 GB a GPU less; the second moment stays float32
     c.train.steps = 500
     c.train.checkpoint_every = 10
     c.train.progress_bar = False
     # The LM head and log-probs by chunks of 2,048 positions: no [1, 32k, 163,840] float32
-    # logits (21 GB per copy) in the step (c2.rl.step.RLLearner logit_chunk_tokens).
+    # logits (2.7 GB per copy per GPU at 4k tokens) in the step (RLLearner logit_chunk_tokens).
     c.train.loss_chunk_tokens = 2048
     c.rl.tasks = "/data/swe_tasks"
     c.rl.heldout_tasks = "/data/swe_tasks_heldout"
     c.rl.group_size = 16
     c.rl.prompts_per_step = 64
-    c.rl.micro_batch_size = 256  # one 32k-token sequence per device per micro-batch
+    c.rl.micro_batch_size = 32  # one 32k-token episode per 8-GPU context group per micro-batch
     c.rl.seq_buckets = (8192, 16384, 32768)
     # A packed row holds a whole group: 16 episodes of up to 32k tokens would be one 500k-token
     # row; at this length the group's shared prompt is a small part of each sample anyway.

@@ -8,10 +8,12 @@ Runtime: 500 steps x 256 x 32,768 tokens = 4.2B packed tokens at 3.26e11 FLOPs p
 1.4e21 FLOPs: about 4 hours on 256 H200 at 40% of the bf16 peak.
 Expected: held-out response bits per byte falls below the stage-2 model's; held-out code bits per
 byte rises by at most a few hundredths (targeted, small SFT).
-Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m c2.bench.plan
---config=experiments/sft_kimi_k2.py --compile_for h200`, device-less): 174.1 GB (parameters +
-Adam 52.9, temporaries 121.3, with the expert exchange in 8k-token chunks and the experts
-gathered in bf16; 229.5 without): it does not fit 141 GB.
+Layout: stage 1's (experiments/cpt_kimi_k2.py): expert parallelism 8, context parallelism 4,
+FSDP 8, every weight over fsdp x context, Adam's first moment in bf16, 4 micro-batches of one
+sequence per 4 GPUs. Memory per GPU, the whole step compiled by XLA:GPU for 256 H200 (`python -m
+c2.bench.plan --config=experiments/sft_kimi_k2.py --compile_for h200`, device-less): 136.6 GB of
+141 (parameters 17.6, Adam 26.4, temporaries 92.6); FSDP 32 without context parallelism (32k
+tokens a GPU) needs 174.1 GB.
 """
 
 from c2.train.config import stage_defaults
@@ -49,23 +51,24 @@ def get_config(arg=None):
     c.data.seq_len = 32768
     c.data.batch_size = 256
     c.data.eval_batches = 16
-    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 32, 8, 1, 1
-    # FSDP-shard what the default rules replicate: expert weights and the MLA low-rank
-    # projections (the only axes of wq_b / wkv_b that are not heads).
-    c.mesh.rules.expert_embed = "fsdp"
-    c.mesh.rules.q_lora = "fsdp"
-    c.mesh.rules.kv_lora = "fsdp"
+    c.mesh.data, c.mesh.fsdp, c.mesh.expert, c.mesh.context, c.mesh.tensor = 1, 8, 8, 4, 1
+    # Every weight sharded over fsdp x context, as in stage 1 (experiments/cpt_kimi_k2.py).
+    for axis in ("embed", "expert_embed", "q_lora", "kv_lora"):
+        c.mesh.rules[axis] = ("fsdp", "context")
     c.optimizer.lr = 5e-6
     c.optimizer.schedule = "cosine"
     c.optimizer.warmup_steps = 20
     c.optimizer.end_lr_ratio = 0.1
+    c.optimizer.mu_dtype = "bfloat16"  # 8.8 GB a GPU less; the second moment stays float32
     c.train.steps = 500
     c.train.checkpoint_every = 100
     c.train.eval_every = 100
     c.train.log_every = 10
     c.train.mtp_weight = 0.3
     # The LM head + losses over chunks of positions: the whole [tokens, vocab] float32 logits
-    # (43 GB per copy per GPU at 65,536 tokens x 163,840) never exist (c2.bench.plan).
+    # (5.4 GB a copy per GPU at 8,192 tokens x 163,840) never exist (c2.bench.plan).
     c.train.loss_chunk_tokens = 2048
+    # Gradient accumulation: each 4-GPU context group's 4 sequences one at a time.
+    c.train.micro_batches = 4
     c.train.progress_bar = False
     return c

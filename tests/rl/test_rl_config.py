@@ -90,7 +90,7 @@ def test_rl_kimi_k2_validates_on_its_256_device_layout():
     config = load_config(EXPERIMENTS / "rl_kimi_k2.py")
     n = math.prod(config.mesh[a] for a in MESH_AXES)
     mesh, cfg, objective, _ = validate_rl(config, num_devices=n, load_files=False)
-    assert n == 256 and mesh["expert"] == 8 and cfg.n_experts == 384
+    assert n == 256 and mesh["expert"] == 8 and mesh["context"] == 8 and cfg.n_experts == 384
     assert objective.group_size == 16
     assert all(b % config.train.loss_chunk_tokens == 0 for b in config.rl.seq_buckets)
 

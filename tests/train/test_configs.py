@@ -74,7 +74,7 @@ def test_real_scale_configs_build_abstractly(name):
     assert n_devices == 256
     mesh_sizes, cfg = lm.validate(config, num_devices=n_devices, load_files=False)
     if name.startswith("long_context"):
-        assert mesh_sizes["context"] == 8 and mesh_sizes["expert"] == 8
+        assert mesh_sizes["context"] == 32 and mesh_sizes["expert"] == 8
         assert config.data.seq_len == 262144 and cfg.rope_scaling.factor == 64.0
     else:
         assert config.data.seq_len == 32768
