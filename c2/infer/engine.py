@@ -67,7 +67,10 @@ class Engine:
     mesh: a `c2.sharding` mesh or `Layout` to decode on (default: one device): weights,
     slots and KV cache laid out by its rules (`engine_layout.py`); max_slots must be a
     multiple of the devices the slots are split over. Weights given here or to
-    `update_weights` may arrive in any placement (host, one device, another mesh).
+    `update_weights` may arrive in any placement (host, one device, another mesh). The mesh
+    may span processes (a multi-host engine, for a model no host holds): every process then
+    runs the same engine on the same requests in lockstep, and each read-back gathers across
+    them (`engine_layout.to_host`; tests/infer/test_engine_multihost.py).
     """
 
     def __init__(
@@ -481,7 +484,7 @@ class Engine:
 
     def _read_back(self, call: tuple, events: list) -> None:
         out, version, owners, epochs = call
-        self._absorb(jax.device_get(out), version, events, owners, epochs)
+        self._absorb(engine_layout.to_host(out), version, events, owners, epochs)
 
     def _absorb(self, out: dict, version: int, events: list, owners: list, epochs) -> None:
         """Record a decode call's output for each row still as it was at dispatch."""

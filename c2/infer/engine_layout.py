@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 
 import jax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -129,3 +130,14 @@ def place_weights(params, cfg: ModelConfig, layout: sharding.Layout | None):
 
 def _paths(tree) -> set[str]:
     return {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def to_host(tree):
+    """Host (numpy) copies of the engine's device arrays. On a mesh that spans processes (a
+    multi-host engine: every process runs the same engine on the same requests, in lockstep)
+    each array is gathered to every process first: a collective, which every process reaches at
+    the same point of the same step."""
+    if all(getattr(a, "is_fully_addressable", True) for a in jax.tree.leaves(tree)):
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
+

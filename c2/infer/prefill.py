@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 
-import jax
 import numpy as np
 
 from c2.infer import engine_layout, steps
@@ -62,7 +61,7 @@ def feed(params, state, base_key, spec: steps.StepSpec, buckets, items, *, recor
             )
             calls += 1
             if record or reroute:
-                routing = np.asarray(routing)
+                routing = engine_layout.to_host(routing)
             for k, j in enumerate(js):
                 n = int(lengths[k])
                 if record:
@@ -74,7 +73,9 @@ def feed(params, state, base_key, spec: steps.StepSpec, buckets, items, *, recor
     if reroute:
         for (seq, _), blocks in zip(items, rebuilt):
             seq.routing = [np.concatenate([seq.empty_routing, *blocks])]
-    fetched = jax.device_get({id(a): a for out in last for a in out[:2]})
+    # In a fixed order (not keyed by id: a multi-host engine's processes gather leaf by leaf).
+    arrays = list({id(a): a for out in last for a in out[:2]}.values())
+    fetched = dict(zip(map(id, arrays), engine_layout.to_host(arrays)))
     firsts = [(int(fetched[id(t)][k]), float(fetched[id(lp)][k])) for t, lp, k in last]
     return state, firsts, calls
 
