@@ -140,4 +140,3 @@ def to_host(tree):
     if all(getattr(a, "is_fully_addressable", True) for a in jax.tree.leaves(tree)):
         return jax.device_get(tree)
     return multihost_utils.process_allgather(tree, tiled=True)
-
