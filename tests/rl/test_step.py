@@ -426,6 +426,26 @@ def test_sharded_equals_single_device(params, reference, random_batch, single_fo
     assert new["moe_layers"]["mlp"]["w_gate"].sharding.spec[1] == "expert"
 
 
+def test_context_parallel_update_equals_single_device(params, reference, random_batch):
+    """rl_kimi_k2's trainer layout in miniature: each sequence split over a context axis,
+    experts exchanged, every weight sharded over fsdp x context: the update, its metrics and
+    per-sample outputs equal one device's."""
+    over = ("fsdp", "context")
+    rules = {
+        **sharding.RULES,
+        **dict.fromkeys(("embed", "expert_embed", "q_lora", "kv_lora"), over),
+    }
+    layout = sharding.Layout(sharding.make_mesh(fsdp=2, expert=2, context=2), rules)
+    learner = make_learner(layout, 4)
+    assert learner.forwards.specs["target_mask"][1] == "context"  # each sequence split
+    new, _, metrics, per_sample = run_update(learner, params, *random_batch)
+    want_params, want_metrics, want_per_sample = reference
+    chex.assert_trees_all_close(host(new), want_params, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(metrics), want_metrics, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(host(per_sample), want_per_sample, rtol=1e-5, atol=1e-5)
+    assert new["embed"].sharding.spec == jax.sharding.PartitionSpec("tensor", over)
+
+
 # Batch over data x fsdp x tensor, heads whole: rules that move the tensor axis to the rows.
 BATCH_ON_TENSOR = {
     **sharding.RULES,
