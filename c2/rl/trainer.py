@@ -226,16 +226,15 @@ def _restore(config, cfg, task, tx, ckpt: Checkpointer, order: list[str], workdi
     kept as its forwards read it (`frozen_copy`)."""
     abstract_params, abstract_opt, opt_shardings = abstract_state(tx, task)
     if config.init_from:
-        ref_params = load_init_params(config.init_from, task)
+        start_params = load_init_params(config.init_from, task)
     else:
-        ref_params = task.init_params(init_key(config.train.seed))
+        start_params = task.init_params(init_key(config.train.seed))
+    ref_params = frozen_copy(start_params, cfg)
     restored = ckpt.restore_latest(abstract_params, abstract_opt)
     if restored is None:
-        params = jax.tree.map(jnp.copy, ref_params)
+        params = jax.tree.map(jnp.copy, start_params)
         opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-        ref_params = frozen_copy(ref_params, cfg)
         return 0, params, opt_state, ref_params, Ledger(order, []), Counters()
-    ref_params = frozen_copy(ref_params, cfg)
     start, params, opt_state, meta = restored
     ledger = Ledger(order, list(meta["consumed"]))
     log.info("resumed %s at step %d (%d prompts consumed)", workdir, start, len(ledger.consumed))
