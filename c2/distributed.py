@@ -7,7 +7,10 @@ devices. Process 0 is the primary: it writes records and metrics and, in RL, run
 the others compute with it. The helpers here are the few places where processes exchange Python
 data: `share` (process 0's object to everyone), `allgather` (every process's object to
 everyone; never the weights, whose shards each process publishes itself,
-c2/rl/weight_sync.py), `process_rows` (which rows of a global batch this process's devices hold).
+c2/rl/weight_sync.py), `process_rows` (which rows of a global batch this process's devices
+hold), and `Channel` (ordered messages from process 0 to the others through the coordination
+service, off the devices: what a multi-host engine's leader tells its followers,
+c2/infer/lockstep.py).
 """
 
 from __future__ import annotations
@@ -140,6 +143,72 @@ def process_rows(batch_sharding: jax.sharding.Sharding, shape: tuple[int, ...]) 
     return lo // n, B // n
 
 
+def _client():
+    """The coordination service's client (its key-value store and barriers)."""
+    from jax._src import distributed as jax_distributed  # the client jax's own serialisation uses
+
+    client = jax_distributed.global_state.client
+    if client is None:
+        raise RuntimeError("jax.distributed is not initialized: call c2.distributed.initialize")
+    return client
+
+
+class Channel:
+    """Ordered Python messages from process 0 to the others through the coordination service's
+    key-value store (host to host: no device collective, no compiled program). `send` (process
+    0) pickles a message once per receiver under the key `c2/<name>/<rank>/<n>`; `receive`
+    (another process) waits for its next key, deletes it (the store holds only the messages in
+    flight) and returns the message, or None when `timeout_s` passes first. `post` / `peek`
+    keep one overwritable value under `c2/<name>/<key>` (a hint a receiver polls). Messages of
+    one channel arrive in the order they were sent. `processes`: the group's size (default:
+    jax.process_count()). `client`: the store (default: this process's jax.distributed client);
+    anything with its key_value_* methods works."""
+
+    def __init__(self, name: str, processes: int | None = None, client=None):
+        self.name, self._client = name, client
+        self.receivers = range(1, jax.process_count() if processes is None else processes)
+        self._sent = self._received = 0
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client()
+        return self._client
+
+    def send(self, message) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for rank in self.receivers:
+            self.client.key_value_set_bytes(f"c2/{self.name}/{rank}/{self._sent}", data)
+        self._sent += 1
+
+    def receive(self, timeout_s: float, rank: int | None = None):
+        rank = jax.process_index() if rank is None else rank
+        key = f"c2/{self.name}/{rank}/{self._received}"
+        try:
+            data = self.client.blocking_key_value_get_bytes(key, max(1, int(timeout_s * 1000)))
+        except Exception as e:  # the service's DEADLINE_EXCEEDED comes as a plain error
+            if "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
+                return None
+            raise
+        self.client.key_value_delete(key)
+        self._received += 1
+        return pickle.loads(data)
+
+    def post(self, key: str, value) -> None:
+        data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        self.client.key_value_set_bytes(f"c2/{self.name}/{key}", data, allow_overwrite=True)
+
+    def peek(self, key: str):
+        """The value last posted under `key`, or None."""
+        try:
+            data = self.client.key_value_try_get_bytes(f"c2/{self.name}/{key}")
+        except Exception as e:
+            if "NOT_FOUND" in str(e) or "not found" in str(e).lower():
+                return None
+            raise
+        return pickle.loads(data)
+
+
 _barriers = 0  # barriers passed by this process (each name is used once)
 
 
@@ -148,12 +217,9 @@ def barrier(name: str, timeout_s: float = 600.0) -> None:
     device collective); nothing with one process."""
     if jax.process_count() == 1:
         return
-    from jax._src import distributed as jax_distributed  # the client jax's own serialisation uses
-
     global _barriers
     _barriers += 1
-    client = jax_distributed.global_state.client
-    client.wait_at_barrier(f"{name} #{_barriers}", int(timeout_s * 1000))
+    _client().wait_at_barrier(f"{name} #{_barriers}", int(timeout_s * 1000))
 
 
 def _prime_factors(n: int) -> list[int]:

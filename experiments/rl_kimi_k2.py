@@ -16,8 +16,9 @@ with its first moment in bf16 26.4, the frozen reference with its experts in bf1
 update's temporaries 78.2; 193.2 GB without context parallelism, at 32k tokens a GPU); what
 fitting cost: 32 micro-batches a step where 4 were, an 8-step ring. Each engine 93.9 GB (bf16
 weights 72.3, KV cache of 64 slots x 32k 18.4, one layer's experts gathered 3.2), so an engine
-needs 32 GPUs, 4 nodes of 8. The engine runs on a mesh across processes (one per node, in
-lockstep), but a Ray worker is one actor on one node: the fleet cannot place these engines yet.
+needs 32 GPUs, 4 nodes of 8: each Ray worker is a gang of 4 actors, one a node, in one
+jax.distributed group (`rl.rollout_hosts`): a leader playing the episodes, 3 followers
+replaying its engine calls, each reading its own shards of every version from the store.
 Expected: held-out pass@1 rises with best-of-16 not falling (docs/recipe.md §2: average and
 best-of-K rose together); train/inference mismatch p99 stays small thanks to router replay.
 """
@@ -89,7 +90,8 @@ def get_config(arg=None):
     c.rl.weight_store = "/data/runs/rl_kimi_k2/weight_store"
     c.rl.num_rollout_workers = 4
     c.rl.ray_worker_gpus = 1.0  # per device of rollout_mesh
-    c.rl.rollout_mesh = "expert=8,tensor=4"
+    c.rl.rollout_mesh = "expert=8,tensor=4"  # tensor within a node, experts 2 a node
+    c.rl.rollout_hosts = 4  # each engine a gang of 4 processes, one a node (c2/rl/fleet_gang.py)
     c.rl.rollout.engine_slots = 64
     c.rl.rollout.tool_workers = 64
     c.rl.rollout.run_timeout_s = 120.0

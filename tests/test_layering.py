@@ -6,7 +6,7 @@ or a unit without a rule, fails.
     envs, data                                     leaves, independent of each other
     pallas_kernels, xla_cpu  <- quant              the kernels know no model
     model  <- quant, sharding, pallas_kernels
-    infer  <- model
+    infer  <- model, distributed
     train  <- model, data, envs                    knows no RL, eval or pipeline
     rl     <- train, infer, envs, data, passk      environments know no trainer
     eval   <- rl and below                         the RL stage knows no eval
@@ -36,7 +36,7 @@ ALLOWED = {
     "pallas_kernels": {"c2.quant"},
     "c2.xla_cpu": {"c2.quant"},
     "c2.model": _MODEL,
-    "c2.infer": _MODEL,
+    "c2.infer": _MODEL | {"c2.distributed"},
     "c2.data": _LEAF,
     "c2.train": _TRAIN,
     "c2.rl": _RL,

@@ -136,6 +136,10 @@ def rl_stage_defaults() -> ml_collections.ConfigDict:
     # The mesh of each rollout engine (local, and each Ray worker, which reserves that many
     # devices): "expert=4,tensor=2" lays experts over 4 devices and heads over 2; "" is one device.
     r.rollout_mesh = ""
+    # Processes (hosts) each Ray worker's engine spans: > 1 makes a worker a gang of that many
+    # actors, one a host with its share of rollout_mesh's devices, in one jax.distributed group
+    # (c2/rl/fleet_gang.py; Kimi-K2's 32-GPU engine is 4 hosts of 8).
+    r.rollout_hosts = 1
     r.rollout = ml_collections.ConfigDict()
     r.rollout.engine_slots = 16
     r.rollout.max_turns = 4
@@ -349,9 +353,20 @@ def validate_rl(config: ml_collections.ConfigDict, num_devices: int, *, load_fil
             "every worker can reach (s3://, gs://, or file:// on a shared filesystem)"
         )
     try:
-        sharding.parse_mesh(r.rollout_mesh)
+        devices = math.prod(sharding.parse_mesh(r.rollout_mesh).values())
     except ValueError as e:
         raise ConfigError(f"config.rl.rollout_mesh: {e}") from None
+    check_positive(config, "rl.rollout_hosts")
+    if r.rollout_hosts > 1 and r.rollout_backend != "ray":
+        raise ConfigError(
+            f"config.rl.rollout_hosts={r.rollout_hosts} needs config.rl.rollout_backend='ray' "
+            "(the local backend's engine is in the trainer's process)"
+        )
+    if devices % r.rollout_hosts or devices < r.rollout_hosts:
+        raise ConfigError(
+            f"config.rl.rollout_hosts={r.rollout_hosts} must divide the {devices} devices of "
+            f"config.rl.rollout_mesh={r.rollout_mesh!r} (each host holds an equal share)"
+        )
     if r.mismatch_tokens not in MISMATCH_TOKENS:
         raise ConfigError(
             f"config.rl.mismatch_tokens={r.mismatch_tokens!r}: expected one of {MISMATCH_TOKENS}"

@@ -61,6 +61,7 @@ from c2.envs.grading import grade
 from c2.envs.sandbox import Sandbox, SandboxLimits
 from c2.envs.tools import InvalidToolCall, Tools, validate_tool_call
 from c2.infer.engine import Engine
+from c2.infer.lockstep import LockstepError
 from c2.infer.records import Completion
 from c2.rl.episode_fields import (  # noqa: F401 - error_metrics: this module's API too
     CORRECTNESS_KEYS,
@@ -265,6 +266,8 @@ class EpisodeRunner:
                     try:
                         completions = self.engine.step()
                         engine_failures = 0
+                    except LockstepError:  # a multi-host engine out of step: the worker's end
+                        raise
                     except Exception as e:  # the engine's state is suspect: replay every episode
                         engine_failures += 1
                         if engine_failures > self.config.max_attempts:

@@ -12,6 +12,11 @@ store's URL must be reachable from every worker (s3://, gs://, or file:// on a f
 share; on one machine, any file://). Samples come back as `Sample`s: per-token arrays and the
 routed experts as one compact [T, L, k] integer array each, never Python lists.
 
+Gangs. An engine too large for one host (`config.rl.rollout_hosts` > 1) is a gang: one actor a
+host in one placement group and one jax.distributed group, the leader a `RolloutWorker` whose
+engine's calls its followers replay (c2/rl/fleet_gang.py; c2/infer/lockstep.py). To the driver a
+gang is one worker: it exchanges with the leader, and a follower's end fails the gang.
+
 Driver. `RayRollouts` lives in the trainer's process and keeps the one `Scheduler`, so the
 ledger and the staleness rules are those of the in-process backend (c2/rl/orchestrator.py). One
 driver thread per worker calls the worker's `exchange(requests, published, hungry, wait_s)`: it
@@ -31,8 +36,8 @@ Faults.
                   which the run fails naming the worker and its error. Samples it returned
                   before stand.
   no room         a worker whose CPUs/GPUs (ray_worker_cpus; ray_worker_gpus per device of
-                  rollout_mesh, reserved in a placement group on one node) no node has fails the
-                  run at once, naming the resource; one the cluster cannot place within
+                  rollout_mesh, reserved in a placement group: each host's share on one node)
+                  no node has fails the run at once, naming the resource; one the cluster cannot place within
                   ray_place_timeout_s fails it then. Building a worker (weights, compile) has
                   ray_start_timeout_s.
   a stale worker  one whose held version is more than max_staleness behind the newest published
@@ -52,7 +57,7 @@ starves them wherever they share cores with the trainer; on a cluster of your ow
 `ray start --system-config='{"worker_niceness": 0}'` does the same).
 
 Files: this one, the worker; c2/rl/fleet_driver.py, the driver; c2/rl/fleet_ray.py, Ray itself
-(cluster, runtime_env, placement, deadlines).
+(cluster, runtime_env, placement, deadlines); c2/rl/fleet_gang.py, a worker over several hosts.
 """
 
 from __future__ import annotations
@@ -108,6 +113,18 @@ class WorkerSpec:
     poll_s: float = 0.05  # how often a worker asks the store for a newer version
     rollout_mesh: str = ""  # the engine's mesh (config.rl.rollout_mesh; "" = one device)
     rollout_rules: Mapping | None = None  # its sharding rules (None: c2.sharding.RULES)
+    rollout_hosts: int = 1  # processes the engine spans (config.rl.rollout_hosts; a gang if > 1)
+
+
+GANG_CHANNEL = "rollout-engine"  # a gang's messages, leader to followers (c2/rl/fleet_gang.py)
+PREFETCH_KEY = "fetching"  # the version the leader's subscriber is reading
+FOLLOWER_STATS = "weights-of-"  # + a follower's rank: how the versions it put in force came
+
+
+def engine_seed(spec: WorkerSpec, index: int, incarnation: int) -> int:
+    """Worker `index`'s sampling seed (distinct draws per worker and incarnation; the same in
+    every process of a gang)."""
+    return spec.seed + 7919 * (index + 1) + 104729 * incarnation
 
 
 # The worker ----------------------------------------------------------------------------------
@@ -122,19 +139,26 @@ class RolloutWorker:
 
         if spec.compilation_cache:
             jax.config.update("jax_compilation_cache_dir", spec.compilation_cache)
-        from c2 import sharding
+        from c2 import distributed, sharding
         from c2.data.chat import AgentChat
         from c2.data.tokenizer import load_tokenizer
         from c2.envs.sandbox import Sandbox
         from c2.infer.engine import Engine, weight_shardings
+        from c2.infer.lockstep import LockstepEngine
         from c2.rl.episodes import EpisodeRunner
         from c2.rl.weight_sync import BackgroundFetcher, WeightSubscriber
 
         self.spec, self.index, self.incarnation = spec, index, incarnation
-        self.mesh = None  # the engine's: the devices Ray reserved for this worker
+        # A gang's leader (c2/rl/fleet_gang.py) when jax.distributed spans several processes:
+        # their engines replay this one's calls, told through `channel`.
+        gang = jax.process_count() > 1
+        self.channel = distributed.Channel(GANG_CHANNEL) if gang else None
+        self.mesh = None  # the engine's: the devices Ray reserved for this worker (its gang's)
         if spec.rollout_mesh:
             rules = sharding.RULES if spec.rollout_rules is None else spec.rollout_rules
-            self.mesh = sharding.Layout(sharding.mesh_from_spec(spec.rollout_mesh), rules)
+            mesh = sharding.mesh_from_spec(spec.rollout_mesh, jax.devices())
+            self.mesh = sharding.Layout(mesh, rules)
+            distributed.warm_collectives(mesh)  # a gang's followers do the same (else nothing)
         # Named by process: what a worker holds on disk (its live episodes' workspaces) is found
         # from its pid.
         self.scratch = Path(tempfile.mkdtemp(prefix=f"c2-rollout-worker{index}-{os.getpid()}-"))
@@ -147,15 +171,19 @@ class RolloutWorker:
             shardings=shardings,
         )
         self.version, params = self.subscriber.fetch()
-        seed = spec.seed + 7919 * (index + 1) + 104729 * incarnation  # distinct draws per worker
+        if gang:  # the followers build their engines from this version
+            self.channel.send(self.version)
         self.engine = Engine(
             params,
             spec.model,
-            seed=seed,
+            seed=engine_seed(spec, index, incarnation),
             version=self.version,
             mesh=self.mesh,
             **spec.engine_args,
         )
+        if gang:  # and follow its calls
+            self.subscriber.on_fetch = lambda version: self.channel.post(PREFETCH_KEY, version)
+            self.engine = LockstepEngine(self.engine, self.channel.send)
         chat = AgentChat(load_tokenizer(spec.tokenizer))
         self.runner = EpisodeRunner(
             self.engine, chat, Sandbox(), self.scratch / "episodes", spec.rollout
@@ -212,7 +240,7 @@ class RolloutWorker:
                 "version": self.version,
                 "want": self._want(),
                 "errors": self.runner.error_counts(),
-                "stats": dict(self.stats),
+                "stats": dict(self.stats) | self._follower_stats(),
             }
 
     def close(self) -> None:
@@ -221,10 +249,20 @@ class RolloutWorker:
             self._cond.notify_all()
         self._thread.join()
         self._fetcher.stop()
+        if self.channel is not None:
+            self.engine.close()  # the followers stop
         self.subscriber.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     # Inside the worker -----------------------------------------------------------------------
+
+    def _follower_stats(self) -> dict:
+        """A gang's followers' weight reads, summed: versions read ahead of the leader's call
+        (`follower_prefetched`) or when it came (`follower_read_on_demand`)."""
+        out: Counter = Counter()
+        for rank in self.channel.receivers if self.channel is not None else ():
+            out.update(self.channel.peek(f"{FOLLOWER_STATS}{rank}") or {})
+        return {f"follower_{k}": v for k, v in out.items()}
 
     def _want(self) -> int:
         return int(self.spec.engine_args["max_slots"]) - self._active - len(self._queue)

@@ -391,7 +391,7 @@ class RayRollouts(orchestrator.Collector):
     def metrics(self) -> dict[str, float]:
         with self._cond:
             errors = sum((Counter(h.errors) for h in self._handles), Counter(self._lost_errors))
-            refreshed = sum(h.stats.get("refreshed", 0) for h in self._handles)
+            stat = lambda name: sum(h.stats.get(name, 0) for h in self._handles)  # noqa: E731
             return error_metrics(errors) | {
                 "fleet/workers": float(len(self._handles)),
                 "fleet/worker_deaths": float(self.counts["worker_deaths"]),
@@ -402,7 +402,10 @@ class RayRollouts(orchestrator.Collector):
                 "fleet/restarts": float(self.counts["restarts"]),
                 "fleet/starting": float(self.counts["starting"]),  # replacements being built
                 "fleet/regenerated": float(self.counts["regenerated"]),
-                "fleet/refreshed": float(refreshed),
+                "fleet/refreshed": float(stat("refreshed")),
+                # a gang's followers' weight reads: ahead of their leader's, or when it came
+                "fleet/follower_prefetched": float(stat("follower_prefetched")),
+                "fleet/follower_read_on_demand": float(stat("follower_read_on_demand")),
                 "fleet/versions_behind_max": float(
                     max((self._published - h.version for h in self._handles), default=0)
                 ),

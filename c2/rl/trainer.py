@@ -454,6 +454,7 @@ def _fleet(config, cfg, rollout, engine_args, weights, scheduler, prompts, reque
         compilation_cache=jax.config.jax_compilation_cache_dir or "",
         rollout_mesh=r.rollout_mesh,
         rollout_rules=sharding_rules(config),
+        rollout_hosts=r.rollout_hosts,
     )
     shutdown = fleet.start_ray(
         r.ray_address, r.num_rollout_workers, r.ray_worker_cpus, r.ray_runtime_env

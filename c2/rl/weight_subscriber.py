@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -94,6 +94,9 @@ class WeightSubscriber:
             "fetch_s": 0.0,
         }
         self.last_read = {"bytes_read": 0, "raw_bytes_read": 0}
+        # Told each version a fetch is about to read (a multi-host engine's leader posts it, so
+        # that its followers read the same version meanwhile: c2/rl/fleet_gang.py).
+        self.on_fetch: Callable[[int], None] | None = None
 
     def latest_version(self) -> int | None:
         """The newest complete version in the store, or None: one read of LATEST while it is
@@ -139,6 +142,8 @@ class WeightSubscriber:
             regions = self._regions_of(_layout(m) if m else self._layout, shardings)
             self.last_read = {"bytes_read": 0, "raw_bytes_read": 0}
             if target != self.version or regions != self._regions:
+                if self.on_fetch is not None and target != self.version:
+                    self.on_fetch(target)
                 self._advance(target, regions)
                 self.stats["fetches"] += 1
                 self.stats["fetch_s"] += time.perf_counter() - t0

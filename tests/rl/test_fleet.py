@@ -408,6 +408,22 @@ def test_a_worker_reserves_its_gpus_per_device_of_its_mesh_on_one_node():
     )
 
 
+def test_a_gang_reserves_a_hosts_share_of_the_engine_in_each_bundle(monkeypatch):
+    """rl_kimi_k2's engine: 32 GPUs over 4 hosts, 8 a bundle. On CPU each member process is
+    given its share of the devices (replacing the driver's count in XLA_FLAGS)."""
+    spec = types.SimpleNamespace(rollout_mesh="expert=8,tensor=4", rollout_hosts=4)
+    assert fleet_ray.worker_resources(spec, 8, 1) == {"CPU": 8.0, "GPU": 8.0}
+    assert fleet_ray.host_env(spec, gpus=8.0) == {}  # Ray's CUDA_VISIBLE_DEVICES does it
+    monkeypatch.setenv(
+        "XLA_FLAGS", "--xla_cpu_enable_fast_math=false " + fleet_ray.DEVICE_FLAG + "=8"
+    )
+    flags = fleet_ray.host_env(spec, gpus=0.0)["env_vars"]["XLA_FLAGS"].split()
+    assert flags == ["--xla_cpu_enable_fast_math=false", fleet_ray.DEVICE_FLAG + "=8"]
+    spec.rollout_hosts = 2
+    flags = fleet_ray.host_env(spec, gpus=0.0)["env_vars"]["XLA_FLAGS"].split()
+    assert flags[-1] == fleet_ray.DEVICE_FLAG + "=16"
+
+
 def test_ray_fleet_config_fields_are_validated():
     from c2.rl.config import rl_stage_defaults, validate_rl
     from c2.train.config import ConfigError

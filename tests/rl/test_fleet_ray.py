@@ -5,6 +5,7 @@ exact (every prompt trained once, every group whole), no sample is staler than t
 the fleet counts each fault. A worker the cluster cannot place fails the fleet naming the
 resource."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -42,7 +43,8 @@ def _worker_pids() -> list[int]:
                 cmdline = (proc / "cmdline").read_bytes()
             except OSError:
                 continue
-            if cmdline.startswith(b"ray::") and b"Worker" in cmdline.split(b"\0")[0]:
+            name = cmdline.split(b"\0")[0]
+            if name.startswith(b"ray::") and (b"Worker" in name or b"GangMember" in name):
                 pids.append(int(proc.name))
     return pids
 
@@ -128,6 +130,64 @@ def test_ray_fleet_survives_workers_that_raise_hang_and_die(
     assert _worker_pids() == []  # the fleet is gone with the run
 
 
+def _dying_follower(incarnation: int):
+    """A gang follower that SIGKILLs its own process when the leader first puts a new version
+    in force, in the given incarnation (shipped to the workers by value)."""
+    from c2.rl import fleet_gang
+
+    class DyingFollower(fleet_gang.EngineFollower):
+        def __init__(self, spec, index, this, start_timeout_s):
+            super().__init__(spec, index, this, start_timeout_s)
+            if this == incarnation:
+                weights = self.weights
+                self.weights = lambda v: os.kill(os.getpid(), signal.SIGKILL) or weights(v)
+
+    return DyingFollower
+
+
+@pytest.mark.slow
+def test_a_gang_engine_over_two_processes_plays_the_stage_and_survives_a_follower_death(
+    tmp_path, sandbox, ray_cluster, monkeypatch
+):
+    """rollout_hosts=2: the worker's engine is one expert=2 mesh over two processes (a gang, one
+    device each, jax.distributed over the coordination service), the leader playing episodes
+    and the follower replaying its engine calls. The follower dies at the first new version: the
+    gang is killed and started again, what it held is played again, and the run trains every
+    prompt once with whole groups; the replacement gang's follower reads each version's shards
+    itself (ahead, from the leader's hint) and the run ends without a hang."""
+    steps, S = 3, 0  # step 3 needs version 2: the replacement gang puts it in force
+    c = _config(steps, rollout_mesh="expert=2")
+    r = c.rl
+    r.rollout_backend, r.num_rollout_workers, r.max_staleness = "ray", 1, S
+    r.rollout_hosts, r.ray_call_timeout_s = 2, 120.0
+    monkeypatch.setattr(
+        fleet, "ray_launcher",
+        functools.partial(fleet_ray.ray_launcher, follower=_dying_follower(incarnation=0)),
+    )  # fmt: skip
+    workdir = tmp_path / "rl"
+    trainer.run(c, workdir)
+    last = read_metrics(workdir / "metrics.jsonl")[-1]
+    assert last["step"] == steps
+    assert last["fleet/worker_deaths"] == 1 and last["fleet/restarts"] == 1
+    assert last["fleet/worker_hangs"] == 0 and last["fleet/worker_errors"] == 0
+    assert last["fleet/follower_prefetched"] + last["fleet/follower_read_on_demand"] >= 1
+    prompts = []
+    for s in range(1, steps + 1):
+        records = read_rollouts(workdir / "rollouts" / f"step_{s:06d}.jsonl", with_routing=False)
+        by_prompt = {}
+        for x in records:
+            by_prompt.setdefault(x["prompt_id"], []).append(x["sample_index"])
+            gen = [v for v, m in zip(x["versions"], x["loss_mask"]) if m]
+            assert set(gen) <= {s - 1}  # on-policy (S = 0), from the version the gang held
+        assert all(sorted(k) == list(range(r.group_size)) for k in by_prompt.values())
+        prompts += sorted(by_prompt)
+    assert len(prompts) == len(set(prompts)) == steps * r.prompts_per_step
+    deadline = time.monotonic() + 60
+    while _worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _worker_pids() == []  # both processes of each gang are gone with the run
+
+
 def test_a_worker_the_cluster_cannot_place_fails_naming_the_resource(tmp_path, ray_cluster):
     ray = ray_cluster
     from ray.util import placement_group, remove_placement_group
@@ -158,6 +218,10 @@ def test_a_worker_the_cluster_cannot_place_fails_naming_the_resource(tmp_path, r
         with pytest.raises(RuntimeError, match="could not place it within 2s") as e:
             fleet.ray_launcher(spec, num_cpus=1, place_timeout_s=2.0)(1, 0)
         assert "rollout worker 1 asks for {'CPU': 1.0}" in str(e.value)
+        gang = dataclasses.replace(spec, rollout_mesh="expert=2", rollout_hosts=2)
+        with pytest.raises(RuntimeError, match="could not place it within 2s") as e:
+            fleet.ray_launcher(gang, num_cpus=1, place_timeout_s=2.0)(2, 0)
+        assert "rollout worker 2 asks for 2 hosts of {'CPU': 1.0}" in str(e.value)
     finally:
         remove_placement_group(hog)
 

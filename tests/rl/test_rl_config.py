@@ -156,6 +156,21 @@ def test_context_management_keeps_the_rows_plain():
     assert not packs_groups(config)
 
 
+def test_a_gang_needs_ray_and_an_equal_share_of_the_mesh_a_host():
+    config = rl_stage_defaults()
+    config.rl.rollout_hosts = 2
+    with pytest.raises(
+        ConfigError, match=r"rollout_hosts=2 needs config\.rl\.rollout_backend='ray'"
+    ):
+        validate_rl(config, num_devices=1)
+    config.rl.rollout_backend = "ray"
+    config.rl.rollout_mesh = "expert=3"
+    with pytest.raises(ConfigError, match=r"rollout_hosts=2 must divide the 3 devices"):
+        validate_rl(config, num_devices=1)
+    config.rl.rollout_mesh = "expert=2,tensor=2"
+    validate_rl(config, num_devices=1)
+
+
 def test_unknown_rl_field_is_named():
     config = rl_stage_defaults()
     config.rl.grop_size = 8
