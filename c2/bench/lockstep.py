@@ -7,7 +7,7 @@ requests, rounds interleaved:
   lockstep    process 0 leads through a `LockstepEngine`, process 1 replays its messages
               (`lockstep.follow`, the coordination service's key-value store): the RL fleet's way.
 
-    python -m c2.bench.lockstep [--slots 8] [--new_tokens 64] [--rounds 5]
+    python -m c2.bench.lockstep [--slots 8] [--new_tokens 64] [--rounds 5] [--require_quiet]
         [--out c2/bench/results/lockstep_cpu.json]
 
 Reports decode calls a second in each mode (medians, min-max), their ratio, the messages and
@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import pickle
-import platform
 import socket
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from c2.bench import fair
 
 PROMPT_LEN = 24
 
@@ -117,6 +118,7 @@ def main(argv=None) -> dict:
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default="")
+    p.add_argument("--require_quiet", action="store_true", help="refuse a busy machine")
     p.add_argument("--_process", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--_port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--_result", default="", help=argparse.SUPPRESS)
@@ -130,7 +132,9 @@ def main(argv=None) -> dict:
     result = Path(os.environ.get("TMPDIR", "/tmp")) / f"c2-lockstep-{os.getpid()}.json"
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    load = os.getloadavg()[0]
+    # Load before and after only: the benchmark's own processes are children, which the
+    # count of cores used by others would take for other load.
+    check = fair.load_check(require_quiet=args.require_quiet, cpu=lambda: None)
     forwarded = [f"--slots={args.slots}", f"--new_tokens={args.new_tokens}"]
     forwarded += [f"--rounds={args.rounds}", f"--_port={port}", f"--_result={result}"]
     procs = [
@@ -142,13 +146,15 @@ def main(argv=None) -> dict:
     codes = [proc.wait(timeout=3600) for proc in procs]
     if codes != [0, 0]:
         raise SystemExit(f"the benchmark's processes exited with {codes}")
+    fair.finish(check, cpu=lambda: None)
     raw = json.loads(result.read_text())
     result.unlink()
     med = {m: float(np.median(raw[m])) for m in ("replicated", "lockstep")}
     report = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "load_before": load,
+        "machine": fair.processor(),
+        "load_before": check.before[0],
+        "load_after": check.after[0],
         "command": "python -m c2.bench.lockstep " + " ".join(sys.argv[1:]),
         "slots": args.slots,
         "new_tokens": args.new_tokens,
