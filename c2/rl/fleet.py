@@ -37,9 +37,9 @@ Faults.
                   before stand.
   no room         a worker whose CPUs/GPUs (ray_worker_cpus; ray_worker_gpus per device of
                   rollout_mesh, reserved in a placement group: each host's share on one node)
-                  no node has fails the run at once, naming the resource; one the cluster cannot place within
-                  ray_place_timeout_s fails it then. Building a worker (weights, compile) has
-                  ray_start_timeout_s.
+                  no node has fails the run at once, naming the resource; one the cluster
+                  cannot place within ray_place_timeout_s fails it then. Building a worker
+                  (weights, compile) has ray_start_timeout_s.
   a stale worker  one whose held version is more than max_staleness behind the newest published
                   version fetches that version synchronously before playing on (`refreshed`);
                   and a returned sample with a token older than its group's admission version is

@@ -229,9 +229,10 @@ class RayLauncher:
                     return ray.get(ref)
                 except ray.exceptions.RayError:
                     # A gang's leader fails when a follower has gone: name the cause.
-                    done, _ = ray.wait(watch, num_returns=1, timeout=FOLLOWER_GRACE_S)
-                    if done:
-                        stopped(done[0])
+                    if watch:
+                        done, _ = ray.wait(watch, num_returns=1, timeout=FOLLOWER_GRACE_S)
+                        if done:
+                            stopped(done[0])
                     raise
             except ray.exceptions.RayActorError as e:  # a process or node is gone
                 raise WorkerLost(f"{name}: {e}") from e
@@ -252,6 +253,7 @@ class RayLauncher:
                 handle.pid = self._start_gang(actors, name, call)
                 watched.extend(actor.serve.remote() for actor in actors[1:])
         except WorkerHung as e:
+            kill()
             raise RuntimeError(
                 f"{name} was not ready within {self.start_timeout_s:.0f}s "
                 "(config.rl.ray_start_timeout_s)"

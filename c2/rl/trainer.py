@@ -84,9 +84,7 @@ class Stage:
     task: TrainTask
     layout: sharding.Layout
     learner: RLLearner
-    engine_layout: (
-        sharding.Layout | None
-    )  # the rollout engine's (rl.rollout_mesh); None: one device
+    engine_layout: sharding.Layout | None  # the rollout engine's (rl.rollout_mesh) or None
     engine_shardings: object  # its weights' layout (a pytree of shardings), None with it
     chat: AgentChat
     sandbox: Sandbox | None  # process 0's (tools and grading); None on the others
