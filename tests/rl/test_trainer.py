@@ -306,6 +306,7 @@ def test_context_management_trains_chains_of_segments(tmp_path, sandbox, monkeyp
     # room after a ~300-token prompt (bytes) for the summary instruction and a summary
     c.rl.seq_buckets, c.rl.rollout.max_tokens = (768,), 768
     c.rl.summary.trigger_tokens, c.rl.summary.max_segments = 1, 3
+    c.rl.summary.max_tokens = 16  # a random policy writes to the budget: keep it short
     workdir = tmp_path / "rl"
     trainer.run(c, workdir)
     records = read_rollouts(workdir / "rollouts" / "step_000001.jsonl")
