@@ -105,13 +105,7 @@ class LockstepEngine:
         except Exception as e:
             raise LockstepError(f"the engine's {name} failed; the gang cannot go on: {e}") from e
 
-    def generate(self, prompts, max_new_tokens: int) -> list[Completion]:
-        rids = [self.submit(p, max_new_tokens) for p in prompts]
-        done: dict[int, Completion] = {}
-        while self.has_work():
-            for comp in self.step():
-                done[comp.request_id] = comp
-        return [done[r] for r in rids]
+    generate = Engine.generate  # through this class's submit and step
 
     def close(self) -> None:
         """Tell the followers to stop (after replaying what is recorded)."""

@@ -76,17 +76,17 @@ class PrefetchedWeights:
                 raise LockstepError(f"the leader put version {version} in force after {ready[0]}")
             self.stats["read_on_demand"] += 1
             for attempt in range(READ_TRIES):
+                if attempt:
+                    time.sleep(min(2 ** (attempt - 1), 8))
                 try:
                     return self.subscriber.fetch(version)[1]
                 except Exception as e:  # retried; the last one stops this follower
-                    if attempt == READ_TRIES - 1:
-                        raise WeightSyncError(
-                            f"follower: reading version {version} failed {READ_TRIES} times: "
-                            f"{type(e).__name__}: {e}",
-                            version=version,
-                        ) from e
-                    time.sleep(min(2**attempt, 8))
-        raise AssertionError("unreachable")
+                    error = e
+            raise WeightSyncError(
+                f"follower: reading version {version} failed {READ_TRIES} times: "
+                f"{type(error).__name__}: {error}",
+                version=version,
+            ) from error
 
     def stop(self) -> None:
         self._stop.set()
