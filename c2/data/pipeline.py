@@ -345,9 +345,17 @@ def make_pretrain_dataset(
     prefetch: int = 2,
     read_threads: int = 2,
     host_split: str = "documents",
+    replay: str | Sequence[Mapping[str, str]] = "",
+    replay_fraction: float = 0.0,
 ) -> CheckpointableDataset:
     """Packed pretraining batches [batch_size // hosts, seq_len]; forever when num_epochs=None.
     `host_split`: how hosts divide the work (see the module doc).
+
+    `replay`: SFT examples (a `sft.load_sft_examples` spec) mixed in as `replay_fraction` of the
+    rows, packed as in SFT (loss on their responses), the rest the corpus's: continued
+    pretraining that keeps what the model it starts from was trained to do. Rows interleave in
+    proportion (grain's `IterDataset.mix`) before the window shuffle; the mixture runs as long as
+    its shorter stream.
 
     Shuffling is two-level: documents are permuted afresh each epoch, then packed rows are
     shuffled within windows of `shuffle_window` rows (the rows of one long file are consecutive);
@@ -370,6 +378,29 @@ def make_pretrain_dataset(
         shard_count=source_count,
         read_threads=read_threads,
     )
+    if not 0.0 <= replay_fraction < 1.0:
+        raise ValueError(f"replay_fraction must be in [0, 1), got {replay_fraction}")
+    if bool(replay) != (replay_fraction > 0):
+        raise ValueError(
+            f"replay={replay!r} with replay_fraction={replay_fraction}: give both or neither"
+        )
+    if replay:
+        replayed = pack_sft_examples(
+            sft_lib.load_sft_examples(replay, split),
+            tokenizer,
+            seq_len,
+            seed=_sub_seed(seed, 3),
+            shuffle=shuffle,
+            num_epochs=num_epochs,
+            shard_index=source_index,
+            shard_count=source_count,
+            num_packing_bins=max(16, 2 * batched),
+            read_threads=read_threads,
+        )
+        rows = grain.IterDataset.mix(
+            {"corpus": rows, "replay": replayed},
+            {"corpus": 1.0 - replay_fraction, "replay": replay_fraction},
+        )
     if shuffle_window is None:
         shuffle_window = min(1024, max(16, (1 << 22) // seq_len))
     if shuffle and shuffle_window > 1:

@@ -61,6 +61,11 @@ def stage_defaults() -> ml_collections.ConfigDict:
     c.data.batch_size = 8
     c.data.seed = 0
     c.data.eval_batches = 4  # held-out batches per evaluation (fixed, ordered)
+    # Pretraining only: SFT examples (a c2.data.sft.load_sft_examples spec, e.g.
+    # "recall:12000:agent") mixed in as this fraction of the rows, loss on their responses, to
+    # keep what the starting model was trained for (c2.data.pipeline.make_pretrain_dataset).
+    c.data.replay = ""
+    c.data.replay_fraction = 0.0
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.data = -1  # -1: all devices left over by the other axes
@@ -292,6 +297,17 @@ def validate_stage(config: ml_collections.ConfigDict, num_devices: int) -> dict[
         raise ConfigError(
             "config.model.yarn.original_max_position_embeddings: expected > 0 when "
             f"config.model.yarn.factor={config.model.yarn.factor}"
+        )
+    replay, fraction = config.data.get("replay", ""), config.data.get("replay_fraction", 0.0)
+    if not 0.0 <= fraction < 1.0 or bool(replay) != (fraction > 0):
+        raise ConfigError(
+            f"config.data.replay={replay!r}, config.data.replay_fraction={fraction}: give an SFT "
+            "examples spec and a fraction in (0, 1), or neither"
+        )
+    if replay and config.data.kind != "pretrain":
+        raise ConfigError(
+            f"config.data.replay={replay!r}: only a pretraining stage mixes in replay "
+            f"(config.data.kind={config.data.kind!r})"
         )
     if config.train.keep_checkpoints < 2:
         raise ConfigError(

@@ -239,7 +239,14 @@ def _train_dataset(config, shard: tuple[int, int] = (0, 1)):
             d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, **kw
         )
     return data_pipeline.make_pretrain_dataset(
-        d.corpus, d.tokenizer, d.seq_len, d.batch_size, d.seed, **kw
+        d.corpus,
+        d.tokenizer,
+        d.seq_len,
+        d.batch_size,
+        d.seed,
+        replay=d.get("replay", ""),
+        replay_fraction=d.get("replay_fraction", 0.0),
+        **kw,
     )
 
 

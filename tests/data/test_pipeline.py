@@ -266,3 +266,42 @@ def test_epochs_reshuffle_documents_per_host(tmp_path, byte_tokenizer):
     assert all(sorted(e) == list("bdf") for e in epochs1)
     assert len(set(epochs0)) > 1 and len(set(epochs1)) > 1  # a new permutation per epoch
     assert order(0, shuffle=False) == "ace" * 4
+
+
+def test_replay_mixes_sft_rows_in_proportion_and_resumes(
+    all_docs_corpus, byte_tokenizer, check_rows
+):
+    """Continued pretraining with replay: `replay_fraction` of the rows are SFT rows (loss on the
+    responses only, prompts untrained), the rest the corpus's (every token trained); the stream
+    resumes exactly from a saved state. (Unshuffled, so that 8 batches hold the exact share.)"""
+    examples = [{"prompt": f"p{i} " * 3, "response": f"r{i}"} for i in range(40)]
+    ds = pipeline.make_pretrain_dataset(
+        all_docs_corpus,
+        byte_tokenizer,
+        T,
+        4,
+        seed=0,
+        shuffle=False,
+        replay=examples,
+        replay_fraction=0.25,
+    )
+    it = iter(ds)
+    batches = [next(it) for _ in range(8)]
+    state = it.get_state()
+    after = next(it)
+    resumed = iter(ds)
+    resumed.set_state(state)
+    np.testing.assert_array_equal(next(resumed)["inputs"], after["inputs"])
+    rows = [{k: b[k][r] for k in b} for b in batches for r in range(4)]
+    for b in batches:
+        check_rows(b, byte_tokenizer.pad_id)
+    replayed = [r for r in rows if r["loss_mask"][r["segment_ids"] > 0].min() == 0]
+    assert len(replayed) == len(rows) // 4  # the prompts' tokens are the untrained ones
+    text = byte_tokenizer.decode(replayed[0]["inputs"][replayed[0]["segment_ids"] > 0].tolist())
+    assert "p" in text and "r" in text
+    with pytest.raises(ValueError, match="give both or neither"):
+        pipeline.make_pretrain_dataset(all_docs_corpus, byte_tokenizer, T, 4, 0, replay=examples)
+    with pytest.raises(ValueError, match=r"replay_fraction must be in \[0, 1\), got 1.0"):
+        pipeline.make_pretrain_dataset(
+            all_docs_corpus, byte_tokenizer, T, 4, 0, replay=examples, replay_fraction=1.0
+        )

@@ -107,12 +107,21 @@ def test_batch_must_divide_by_data_parallelism():
         ("optimizer", "decay_fraction", 0.0, r"config\.optimizer\.decay_fraction: expected in"),
         ("train", "stop_at", 200, r"config\.train\.stop_at=200 is past config\.train\.steps=100"),
         ("train", "stop_at", -1, r"config\.train\.stop_at: expected >= 0, got -1"),
+        ("data", "replay", "recall:100", r"replay='recall:100', .*replay_fraction=0.0: give"),
+        ("data", "replay_fraction", 0.5, r"config\.data\.replay='', .*replay_fraction=0.5: give"),
     ],
 )
 def test_bad_values_are_named(section, field, value, pattern):
     c = stage_defaults()
     c[section][field] = value
     with pytest.raises(ConfigError, match=pattern):
+        validate_stage(c, 1)
+
+
+def test_replay_is_for_pretraining():
+    c = stage_defaults()
+    c.data.kind, c.data.replay, c.data.replay_fraction = "sft", "recall:100", 0.5
+    with pytest.raises(ConfigError, match=r"only a pretraining stage mixes in replay"):
         validate_stage(c, 1)
 
 
