@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _support import xla_flags
 from absl import flags
 from ml_collections import config_flags
 
@@ -130,7 +131,7 @@ def test_a_missing_sandbox_stops_the_job_before_the_first_stage(tmp_path, monkey
 def test_main_job_quick_end_to_end(tmp_path):
     """`python -m c2.main --config=experiments/pipeline_tiny.py:quick` on one CPU device."""
     workdir = tmp_path / "main"
-    env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, XLA_FLAGS=xla_flags(None), PYTHONPATH=str(ROOT))
     cmd = [
         sys.executable,
         "-m",
@@ -143,7 +144,7 @@ def test_main_job_quick_end_to_end(tmp_path):
 
     # DIR/metrics.jsonl: every step of every stage, `step` counted across stages
     records = read_metrics(workdir / "metrics.jsonl")
-    stages = ["cpt"] * 24 + ["long_context"] * 2 + ["sft"] * 4 + ["sft_agent"] * 4 + ["rl"] * 2
+    stages = ["cpt"] * 24 + ["long_context"] * 4 + ["sft"] * 8 + ["sft_agent"] * 4 + ["rl"] * 2
     assert [r["step"] for r in records] == list(range(1, len(stages) + 1))
     assert [r["stage"] for r in records] == stages
     assert all(math.isfinite(r["loss"]) for r in records)
@@ -181,6 +182,10 @@ def test_main_job_quick_end_to_end(tmp_path):
     assert rows["after cpt"]["bpb_short"] < untrained["bpb_short"] - 1.5  # it learned
     assert not rows["after cpt"]["yarn"] and rows["after long_context"]["yarn"]
     assert rows["after sft"]["sft_bpb"] < untrained["sft_bpb"]
+    for r in rows.values():  # the reading probes of every row (a fresh model reads nothing)
+        assert 0 <= r["reads_operation"] <= 1 and 0 <= r["reads_constant"] <= 1
+        assert r["call_head_nats"] < 0
+    assert rows["after sft_agent"]["call_head_nats"] > untrained["call_head_nats"] + 1
 
     report = (workdir / "report.md").read_text()
     for label in rows:

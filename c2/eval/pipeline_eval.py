@@ -18,6 +18,7 @@ import ml_collections
 
 from c2 import model as model_lib
 from c2.data import pipeline as data_pipeline
+from c2.data.tokenizer import load_tokenizer
 from c2.train import lm
 from c2.train.bpb import heldout_bpb
 from c2.train.checkpoint import Checkpointer
@@ -40,7 +41,37 @@ def eval_defaults() -> ml_collections.ConfigDict:
     e.long_batch_size = 4
     e.long_batches = 4
     e.sft_batches = 4
+    # What the agent policy reads from a function task's instruction (c2.eval.copying), on this
+    # many held-out wide-level conversations per row (0: off): the reading probes the base model
+    # is kept for through continued pretraining, the extension and SFT.
+    e.reading_prompts = 40
     return e
+
+
+def reading_probe(params, cfg: model_lib.ModelConfig, tokenizer, prompts: int) -> dict:
+    """{"reads_operation", "reads_constant", "call_head_nats"}: teacher-forced on `prompts`
+    held-out wide-level function tasks, the share of operations and constant digits the first
+    tool call gets right (chance 1/3 and ~1/10) and the call's fixed head's mean log-probability
+    per token (near 0: the tool-call format holds), averaged over the held-out templates."""
+    import numpy as np
+
+    from c2.eval import copying
+
+    fwd = jax.jit(lambda p, t: model_lib.forward(p, t, cfg)[0])
+
+    def logits(ids):
+        n = len(ids)
+        x = np.zeros((1, 1 << max(n - 1, 1).bit_length()), np.int32)
+        x[0, :n] = ids
+        return np.asarray(fwd(params, x))[0, :n]
+
+    reads = copying.task_reading_accuracy(logits, tokenizer, "wide", prompts)
+    head = copying.task_format_logprob(logits, tokenizer, "wide", prompts)
+    return {
+        "reads_operation": reads["operation"],
+        "reads_constant": reads["constant"],
+        "call_head_nats": float(np.mean(list(head.values()))),
+    }
 
 
 def _latest_params(stage: ml_collections.ConfigDict, stage_dir: Path, mesh_sizes: dict):
@@ -138,6 +169,8 @@ def evaluate(config: ml_collections.ConfigDict, stages: dict, workdir: str | Pat
         }
         if sft is not None:
             row["sft_bpb"] = heldout_bpb(params, cfg, sft, layout)["bpb"]
+        if ec.get("reading_prompts", 0):
+            row |= reading_probe(params, cfg, load_tokenizer(tok), ec.reading_prompts)
         log.info("eval %s", row)
         rows.append(row)
     results = {

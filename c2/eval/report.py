@@ -150,6 +150,13 @@ def findings(results: dict) -> list[str]:
             + ", ".join(f"{m} {rows[m]['sft_bpb']:.2f}" for m in [order[0], *sft_rows])
             + "."
         )
+    reads = [(m, rows[m]["reads_operation"]) for m in order if "reads_operation" in rows[m]]
+    if reads:
+        lines.append(
+            "Reading its task (held-out operation right, chance 0.33): "
+            + ", ".join(f"{m} {a:.2f}" for m, a in reads)
+            + "."
+        )
     acc = [(m, rows[m]["mtp1_acceptance"]) for m in order if rows[m].get("mtp1_acceptance")]
     if acc:
         lines.append(
@@ -217,7 +224,7 @@ def write_report(config, stages: dict, workdir: str | Path, results: dict, timin
     total_tokens = sum(r["tokens"] or 0.0 for r in stage_rows)
     total_dev_s = sum(r["device_s"] or 0.0 for r in stage_rows)
     out = [
-        f"# {config.name}: continued pretraining, long-context extension, SFT, evaluation",
+        f"# {config.name}: " + ", ".join(s.replace("_", " ") for s in stages) + ", evaluation",
         "",
         f"Written {datetime.datetime.now().isoformat(timespec='seconds')} on "
         f"{platform.node()} ({jax.device_count()} x {jax.devices()[0].device_kind}, "
@@ -255,15 +262,24 @@ def write_report(config, stages: dict, workdir: str | Path, results: dict, timin
         f"{results['long_seq_len']} tokens per sequence; SFT: held-out functions' responses.",
         "",
         f"| weights | YaRN | bpb @{results['short_seq_len']} | bpb @{results['long_seq_len']} | "
-        "MTP acceptance | SFT response bpb |",
-        "|---|---|---|---|---|---|",
+        "MTP acceptance | SFT response bpb | reads operation | reads constant | call head |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["rows"]:
         out.append(
             f"| {r['model']} | {'yes' if r['yarn'] else 'no'} | {_fmt(r['bpb_short'])} | "
             f"{_fmt(r['bpb_long'])} | {_fmt(r.get('mtp1_acceptance'))} | "
-            f"{_fmt(r.get('sft_bpb'))} |"
+            f"{_fmt(r.get('sft_bpb'))} | {_fmt(r.get('reads_operation'))} | "
+            f"{_fmt(r.get('reads_constant'))} | {_fmt(r.get('call_head_nats'))} |"
         )
+    if any("reads_operation" in r for r in results["rows"]):
+        out += [
+            "",
+            "Reading probes (c2.eval.copying, teacher-forced on held-out wide-level function "
+            "tasks): the share of operations and constant digits the first tool call gets right "
+            "(chance 1/3 and ~1/10); call head: that call's fixed text's mean log-probability, "
+            "nats per token (near 0: the format holds).",
+        ]
     out += _rl_section(stages, workdir)
     out += ["", "## Plots", ""]
     if curves:
