@@ -11,11 +11,12 @@ As a driver, every point (each a resumable pipeline workdir), then the fit:
     minutes for --scales 8,16,24 on the 2-core machine under load; held-out CE 6.76, 5.58, 4.93
     bits per byte, RL pass@1 0 at every point, so no fit: r^2 is None)
 Writes OUT/correlation.json (points, slope, intercept, r^2) and OUT/correlation.png.
-Runtime: estimated from the main job's measured stages (not measured as a whole): ~30 minutes per
-point at 300 CPT steps on the 2-core reference machine (CPT ~1.5 s/step, the rest ~22 minutes
-and fixed), so ~2 hours for four scales. Expected: lower held-out CE, higher RL pass@1; the
-pipeline's agent-SFT model does not read its task, so its RL pass@1 stays near 0 (the --quick
-run above), the slope's sign is the first thing to check, and r^2 may be low.
+Runtime: estimated from the main job's measured stages (not measured as a whole): ~45 minutes a
+point on the 2-core machine (CPT ~1.8 s a step; RL, 120 steps, ~25 minutes of it), so ~3 hours for
+four scales. Expected: the main job from its base (2026-12-07) says CPT on code erases the reading
+RL reinforces at this scale: the more CPT, the lower code CE and the lower the RL start's reading
+(0.625 in the base, 0.40 after 100 CPT steps and agent SFT), and RL gained +0.005 after 100
+steps: one point, so the slope's sign here is the first thing the study measures.
 """
 
 import argparse
@@ -23,8 +24,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-# Later stages' steps, fixed for every point (the main job's at its default 300 CPT steps).
-LATER_STEPS = {"long_context": 25, "sft": 60}
+# Later stages' steps, fixed for every point (the main job's at its default 100 CPT steps).
+LATER_STEPS = {"long_context": 20, "sft": 33}
 
 
 def get_config(arg=None):

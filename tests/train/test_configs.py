@@ -44,8 +44,9 @@ def test_pipeline_steps_follow_the_top_level_fields():
     config.train.steps = 80
     config.train.checkpoint_every = 40
     stages = validate_pipeline(config, Path("/tmp/unused"), num_devices=1)
-    assert [s.train.steps for s in stages.values()] == [80, 6, 16, 300, 36]
+    assert [s.train.steps for s in stages.values()] == [80, 16, 26, 150, 120]
     assert [s.train.checkpoint_every for s in stages.values()] == [40, 40, 40, 40, 6]
+    assert stages["cpt"].init_from == "hf:experiments/policies/reader_tiny"  # the base
     assert stages["sft_agent"].init_from == "/tmp/unused/sft"
     assert stages["rl"].init_from == "/tmp/unused/sft_agent"
     # the agent SFT and RL stages keep the model the stages before them trained
@@ -53,11 +54,12 @@ def test_pipeline_steps_follow_the_top_level_fields():
     assert stages["sft_agent"].model.yarn.to_dict() == stages["sft"].model.yarn.to_dict()
     assert stages["long_context"].init_from == "/tmp/unused/cpt"
     assert stages["sft"].init_from == "/tmp/unused/long_context"
-    # the extension is 8x stage 1's length, with YaRN over stage 1's positions
+    # CPT at the base's length, replaying its data; the extension 2x, YaRN over those positions
     cpt, lc = stages["cpt"], stages["long_context"]
-    assert lc.data.seq_len == 8 * cpt.data.seq_len
+    assert cpt.data.seq_len == 512 and cpt.data.replay and cpt.data.replay_fraction == 0.5
+    assert lc.data.seq_len == 2 * cpt.data.seq_len
     assert lc.model.yarn.original_max_position_embeddings == cpt.data.seq_len
-    assert lc.model.yarn.factor == 8.0
+    assert lc.model.yarn.factor == 2.0
 
 
 def _per_device_bytes(tree, mesh_sizes, shardings):
