@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _support import xla_flags
 
 from c2 import distributed
 from c2.rl.records import read_rollouts
@@ -84,7 +85,7 @@ def _free_port() -> int:
 def _start(config: Path, workdir: Path, processes: int) -> list:
     """`python -m c2.main` as `processes` processes of 8 // processes CPU devices each."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // processes}"
+    env["XLA_FLAGS"] = xla_flags(8 // processes)
     for name in distributed.ENV.values():
         env.pop(name, None)
     cmd = [sys.executable, "-m", "c2.main", f"--config={config}", f"--workdir={workdir}"]

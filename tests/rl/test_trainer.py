@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
+from _support import xla_flags
 
 from c2.rl import trainer
 from c2.rl.config import rl_stage_defaults
@@ -157,7 +158,7 @@ def test_sigkill_mid_run_then_resume_trains_each_prompt_once(tmp_path, sandbox):
     workdir = tmp_path / "rl"
     ckpts, rollouts = workdir / "checkpoints", workdir / "rollouts"
     env = dict(os.environ, PYTHONPATH=str(root))
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = xla_flags(2)
     env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     cmd = [sys.executable, "-m", "c2.main", f"--config={config}", f"--workdir={workdir}"]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _support import xla_flags
 
 from c2.train.metrics import read_metrics
 
@@ -51,7 +52,7 @@ def get_config(arg=None):
 def _env(cache_dir):
     env = dict(os.environ)
     # two simulated devices: the run is data-parallel, so restores are sharded
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    env["XLA_FLAGS"] = xla_flags(2)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     # the three processes compile the same programs once (JAX's persistent compilation cache)
     env["JAX_COMPILATION_CACHE_DIR"] = str(cache_dir)
