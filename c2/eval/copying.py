@@ -311,22 +311,27 @@ def notes_reading_accuracy(
     return {"values": hits / total, "digits": float(total)}
 
 
-def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
-    """A `LoadedModel`'s forward as `copy_accuracy` wants it (inputs padded to a power of two,
-    so a few lengths compile)."""
+def forward_logits_fn(params, cfg) -> Callable[[np.ndarray], np.ndarray]:
+    """The model's forward as `copy_accuracy` wants it: ids -> [len, vocab] logits (inputs padded
+    to a power of two, so a few lengths compile)."""
     import jax
 
     from c2 import model as model_lib
 
-    fwd = jax.jit(lambda p, t: model_lib.forward(p, t, loaded.cfg)[0])
+    fwd = jax.jit(lambda p, t: model_lib.forward(p, t, cfg)[0])
 
     def logits(ids: np.ndarray) -> np.ndarray:
         n = len(ids)
         x = np.zeros((1, 1 << max(n - 1, 1).bit_length()), np.int32)
         x[0, :n] = ids
-        return np.asarray(fwd(loaded.params, x))[0, :n]
+        return np.asarray(fwd(params, x))[0, :n]
 
     return logits
+
+
+def model_logits_fn(loaded) -> Callable[[np.ndarray], np.ndarray]:
+    """A `LoadedModel`'s forward (`forward_logits_fn`)."""
+    return forward_logits_fn(loaded.params, loaded.cfg)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:

@@ -57,14 +57,7 @@ def reading_probe(params, cfg: model_lib.ModelConfig, tokenizer, prompts: int) -
 
     from c2.eval import copying
 
-    fwd = jax.jit(lambda p, t: model_lib.forward(p, t, cfg)[0])
-
-    def logits(ids):
-        n = len(ids)
-        x = np.zeros((1, 1 << max(n - 1, 1).bit_length()), np.int32)
-        x[0, :n] = ids
-        return np.asarray(fwd(params, x))[0, :n]
-
+    logits = copying.forward_logits_fn(params, cfg)
     reads = copying.task_reading_accuracy(logits, tokenizer, "wide", prompts)
     head = copying.task_format_logprob(logits, tokenizer, "wide", prompts)
     return {

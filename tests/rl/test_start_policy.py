@@ -43,6 +43,20 @@ def test_the_policy_keeps_its_call_s_form_on_every_held_out_template(reader):
     assert all(v > -0.05 for v in f.values()), f  # measured -0.002 to -0.003
 
 
+def test_the_main_job_s_reading_probe_is_the_copying_probe(reader):
+    """The main job's evaluation (c2.eval.pipeline_eval.reading_probe, a row of its report)
+    measures what `python -m c2.eval.copying --task wide` does: the same numbers on this policy."""
+    from c2.eval.pipeline_eval import reading_probe
+
+    got = reading_probe(reader.params, reader.cfg, reader.tokenizer, 40)
+    logits = model_logits_fn(reader)
+    r = task_reading_accuracy(logits, reader.tokenizer, "wide", prompts=40)
+    f = task_format_logprob(logits, reader.tokenizer, "wide", prompts=40)
+    assert got["reads_operation"] == r["operation"] >= 0.55
+    assert got["reads_constant"] == r["constant"]
+    assert got["call_head_nats"] == pytest.approx(sum(f.values()) / len(f), rel=1e-6)
+
+
 def test_the_chain_s_system_turn_data():
     """experiments/system_turns.py (stage 3b of the chain): stage 3's examples in order, each
     with no system turn, a prefix of the agent system prompt or random text, seeded."""
