@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _support import xla_flags
 
 ROOT = Path(__file__).parents[2]
 PROMPTS = [[1, 5, 9, 13], [2, 4, 6, 8, 10, 12], [7, 7, 7], list(range(20, 40))]
@@ -105,6 +104,8 @@ def test_an_engine_over_two_processes_equals_one_device(tmp_path):
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    from _support import xla_flags  # not at the top: the processes import this module
+
     env["XLA_FLAGS"] = xla_flags(4)
     procs = []
     for i in range(2):

@@ -19,7 +19,6 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from _support import xla_flags
 
 from c2 import distributed, model, sharding
 from c2.model import params as model_params
@@ -245,7 +244,6 @@ import test_weight_shards as t
 from c2 import sharding
 from c2.model import params as model_params
 from c2.rl import weight_sync as ws
-from _support import xla_flags
 
 cfg, url, out = t.tiny_cfg(), sys.argv[3], {{}}
 train = t.fsdp_shardings(cfg)  # fsdp 4 x expert 2 over both processes' 8 devices
@@ -280,6 +278,8 @@ def test_two_trainer_processes_publish_their_shards_and_engines_read_only_theirs
     script = tmp_path / "worker.py"
     script.write_text(WORKER.format(tests=str(Path(__file__).parent)))
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    from _support import xla_flags  # not at the top: the workers import this module
+
     env["XLA_FLAGS"] = xla_flags(4)
     for name in distributed.ENV.values():
         env.pop(name, None)
