@@ -31,6 +31,17 @@ ENV = {
 }
 
 
+# The flag giving a process its simulated CPU devices.
+DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def cpu_xla_flags(devices: int | None) -> str:
+    """XLA_FLAGS for a process started from this one: this process's flags with the CPU device
+    count replaced by `devices` (None: XLA's default, one)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_FLAG)]
+    return " ".join([*flags, *([f"{DEVICE_FLAG}={devices}"] if devices else [])])
+
+
 def settings(
     coordinator_address: str | None = None,
     num_processes: int | None = None,

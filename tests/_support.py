@@ -27,6 +27,6 @@ def skip_or_fail(msg: str, expects: str = "it") -> NoReturn:
 def xla_flags(devices: int | None) -> str:
     """XLA_FLAGS for a test's subprocess: the run's own flags (tests/conftest.py's compile
     settings), its CPU device count replaced by `devices` (None: the default, one)."""
-    device_flag = "--xla_force_host_platform_device_count"
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(device_flag)]
-    return " ".join([*flags, *([f"{device_flag}={devices}"] if devices else [])])
+    from c2.distributed import cpu_xla_flags
+
+    return cpu_xla_flags(devices)

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from c2 import sharding
+from c2 import distributed, sharding
 from c2.rl.fleet_driver import (
     WAIT_S,
     WorkerFailed,
@@ -34,7 +34,7 @@ PASS_ENV = (
 SHIP_EXCLUDES = (".git", ".venv", "runs", "__pycache__", "*.pyc", "*.egg-info")
 CLOSE_TIMEOUT_S = 60.0  # a worker's close: stop its episode thread and fetcher, free its disk
 TASK_FETCH_TIMEOUT_S = 300.0  # a worker reading a task's files from the object store
-DEVICE_FLAG = "--xla_force_host_platform_device_count"  # CPU devices of a process
+DEVICE_FLAG = distributed.DEVICE_FLAG  # CPU devices of a process
 FOLLOWER_GRACE_S = 5.0  # a gang's leader failed: the wait for a follower's end, its likely cause
 
 
@@ -103,8 +103,7 @@ def host_env(spec, gpus: float) -> dict:
     if gpus > 0:
         return {}
     devices = math.prod(sharding.parse_mesh(spec.rollout_mesh).values()) // spec.rollout_hosts
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(DEVICE_FLAG)]
-    return {"env_vars": {"XLA_FLAGS": " ".join([*flags, f"{DEVICE_FLAG}={devices}"])}}
+    return {"env_vars": {"XLA_FLAGS": distributed.cpu_xla_flags(devices)}}
 
 
 def check_fits(index: int, asked: Mapping[str, float], nodes: list[dict]) -> None:
