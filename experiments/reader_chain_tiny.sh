@@ -29,7 +29,7 @@
 # (stages 2-3 gave the same probes to the third decimal in two runs).
 # The script ends by checking that the policy reads (exit 1 if not).
 # QUICK=1: every stage 2 steps, no probes, no check: the same chain, config, tokenizer and files
-# in about 2 minutes (tests/test_reader_chain.py), a model that reads nothing.
+# in about 4 minutes (tests/test_reader_chain.py: 255 s in CI), a model that reads nothing.
 # Runtime: ~2 h on the 2-core reference machine with nothing else running (steps of
 # 0.85-1.1 s in stages 1-3b, 1.1-1.4 s in 4-5). Every stage runs without YaRN (factor 0).
 set -euo pipefail
